@@ -1,0 +1,43 @@
+"""Shared fixtures: checkpoints made by the factory, once per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+# Engines started from tests run on the CPU; keep their KV reservation and threads small.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def make_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Return a function that writes (or reuses) a factory checkpoint for this test session."""
+    from vllm_omni_kani.tools.make_checkpoint import make_checkpoint
+
+    cache: dict[tuple[str, str, int], Path] = {}
+
+    def make(variant: str = "parallel", preset: str = "tiny", seed: int = 0) -> Path:
+        key = (variant, preset, seed)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"ckpt-{preset}-{variant}-{seed}")
+            cache[key] = make_checkpoint(out, preset=preset, variant=variant, seed=seed, force=True)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_parallel(make_ckpt) -> Path:
+    return make_ckpt("parallel")
+
+
+@pytest.fixture(scope="session")
+def tiny_flattened(make_ckpt) -> Path:
+    return make_ckpt("flattened")

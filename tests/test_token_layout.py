@@ -1,0 +1,67 @@
+"""The Kani token layout: prompt shape, id arithmetic and flattened frame grouping."""
+
+import numpy as np
+
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+
+
+def test_layout_constants_match_kani():
+    assert (tl.START_OF_SPEECH, tl.END_OF_SPEECH) == (64401, 64402)
+    assert (tl.START_OF_HUMAN, tl.END_OF_HUMAN, tl.START_OF_AI, tl.END_OF_AI, tl.PAD) == (
+        64403,
+        64404,
+        64405,
+        64406,
+        64407,
+    )
+    assert tl.AUDIO_TOKEN_OFFSET == 64410
+    assert tl.PARALLEL_VOCAB_SIZE == 68442
+    assert tl.FLATTENED_VOCAB_SIZE == 80539
+
+
+def test_prompt_wraps_text_and_prefills_speech_start():
+    ids = tl.build_prompt([1, 100, 200])
+    assert ids == [
+        tl.START_OF_HUMAN,
+        1,
+        100,
+        200,
+        tl.END_OF_TEXT,
+        tl.END_OF_HUMAN,
+        tl.START_OF_AI,
+        tl.START_OF_SPEECH,
+    ]
+    assert tl.build_prompt([1, 5], prefill_speech_start=False)[-1] == tl.END_OF_HUMAN
+    assert tl.speaker_text("hi", "andrew") == "andrew: hi"
+    assert tl.speaker_text("hi", None) == "hi"
+
+
+def test_flat_round_trip():
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, tl.CODEBOOK_SIZE, size=(7, tl.NUM_CODEBOOKS))
+    tokens = tl.flat_tokens_from_frames(frames)
+    assert tokens[0] == 64410 + frames[0, 0]
+    assert tokens[1] == 64410 + 4032 + frames[0, 1]
+    stream = [tl.START_OF_AI, tl.START_OF_SPEECH, *tokens.tolist(), tl.END_OF_SPEECH]
+    got = tl.frames_from_flat_tokens(stream)
+    np.testing.assert_array_equal(got.frames, frames)
+    assert got.ended and got.dropped_partial == 0 and got.invalid == 0
+
+
+def test_end_of_speech_mid_frame_drops_and_reports_partial_frame():
+    frames = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
+    tokens = tl.flat_tokens_from_frames(frames).tolist()
+    stream = [tl.START_OF_SPEECH, *tokens, *tokens[:2], tl.END_OF_SPEECH, *tokens]
+    got = tl.frames_from_flat_tokens(stream)
+    np.testing.assert_array_equal(got.frames, frames)
+    assert got.dropped_partial == 2
+    assert got.ended
+
+
+def test_token_in_wrong_codebook_slot_discards_that_frame():
+    frames = np.array([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    tokens = tl.flat_tokens_from_frames(frames)
+    tokens[5] = tl.flat_token(6, 3)  # frame 1, slot 1 carries a codebook-4 id
+    got = tl.frames_from_flat_tokens(tokens)
+    np.testing.assert_array_equal(got.frames, frames[[0, 2]])
+    assert got.invalid == 1

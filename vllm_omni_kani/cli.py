@@ -1,0 +1,22 @@
+"""The ``vllm-omni-kani`` command: checkpoint factory and (later) benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_omni_kani.tools import make_checkpoint
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-omni-kani")
+    sub = parser.add_subparsers(dest="command", required=True)
+    mk = sub.add_parser("make-checkpoint", help="write a random-weight Kani checkpoint")
+    make_checkpoint.add_arguments(mk)
+    mk.set_defaults(func=make_checkpoint.run)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
