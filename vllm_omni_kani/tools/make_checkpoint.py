@@ -27,6 +27,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
     KaniTTSSettings,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM
+from vllm_omni_kani.tools.codec_factory import write_codec_part
 from vllm_omni_kani.tools.tokenizer_factory import write_tokenizer
 
 VARIANTS = ("parallel", "flattened")
@@ -122,7 +123,7 @@ def _write_tokenizer(out: Path, preset_name: str, variant: str, seed: int) -> No
 
 # Each part writes into the checkpoint directory; later parts (the codec) append here.
 CheckpointPart = Callable[[Path, str, str, int], None]
-CHECKPOINT_PARTS: list[CheckpointPart] = [_write_backbone, _write_tokenizer]
+CHECKPOINT_PARTS: list[CheckpointPart] = [_write_backbone, _write_tokenizer, write_codec_part]
 
 
 def make_checkpoint(out: Path | str, preset: str, variant: str, seed: int = 0, force: bool = False) -> Path:
