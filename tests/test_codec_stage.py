@@ -1,0 +1,160 @@
+"""Stage 1 as vLLM-Omni runs it: built from a real VllmConfig, weights loaded, windows decoded.
+
+No engine: the model is constructed and called the way the generation runner does (constructor,
+``load_weights`` with the Stage-0 weight iterator, ``forward`` with per-request payloads).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import pytest
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import KaniConfigError
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import RECEPTIVE_FIELD_FRAMES, load_codec
+
+SPF = 1764
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def vllm_config_for(path):
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+
+    model_config = ModelConfig(model=str(path), dtype="float32", max_model_len=256, enforce_eager=True)
+    return VllmConfig(model_config=model_config, device_config=DeviceConfig("cpu"))
+
+
+@pytest.fixture(scope="module")
+def ckpt(make_ckpt):
+    return make_ckpt("flattened")
+
+
+@pytest.fixture(scope="module")
+def stage(ckpt):
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
+
+    model = KaniNanoCodecForGeneration(vllm_config=vllm_config_for(ckpt))
+    offered = iter([("model.embed_tokens.weight", torch.zeros(2, 2)), ("lm_head.weight", torch.zeros(2, 2))])
+    loaded = model.load_weights(offered)
+    assert next(offered, None) is None  # the Stage-0 weights were drained
+    assert loaded == {name for name, _ in model.named_parameters()}
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    return load_codec(ckpt)
+
+
+def codes(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 4032, (frames, 4), generator=torch.Generator().manual_seed(seed))
+
+
+def payload(window: torch.Tensor, left, finished=False) -> dict:
+    return {"codes": {"audio": window}, "meta": {"left_context_size": left, "stream_finished": finished}}
+
+
+def run(stage, infos: list[dict]) -> dict:
+    with torch.inference_mode():
+        out = stage(
+            input_ids=torch.zeros(len(infos), dtype=torch.int64),
+            positions=torch.zeros(len(infos), dtype=torch.int64),
+            runtime_additional_information=infos,
+            seq_token_counts=[1] * len(infos),
+        )
+    assert out.text_hidden_states is None
+    mm = out.multimodal_outputs
+    assert len(mm["model_outputs"]) == len(mm["sr"]) == len(infos)
+    assert all(int(sr) == 22050 for sr in mm["sr"])
+    assert all(w.dtype == torch.float32 and w.ndim == 1 for w in mm["model_outputs"])
+    return mm
+
+
+def test_one_step_decodes_every_request_in_batch_order(stage, reference):
+    first = codes(30, 1)
+    later = codes(33, 2)
+    mm = run(
+        stage,
+        [
+            payload(first, torch.tensor(0)),  # stream start: no context
+            {},  # scheduled without a chunk
+            payload(later, [RECEPTIVE_FIELD_FRAMES], finished=torch.tensor(True)),
+        ],
+    )
+    wavs = mm["model_outputs"]
+    assert wavs[1].numel() == 0
+    assert wavs[0].shape == (30 * SPF,) and wavs[2].shape == (5 * SPF,)
+    torch.testing.assert_close(wavs[0], reference.decode_window(first, 0), atol=1e-4, rtol=0)
+    torch.testing.assert_close(wavs[2], reference.decode_window(later, 28), atol=1e-4, rtol=0)
+
+
+def test_streamed_chunks_equal_one_decode(stage, reference):
+    """Two requests streamed side by side (3 frames first, then 16 per chunk, 28 frames of context)."""
+    utterances = [codes(70, 3), codes(45, 4)]
+    sent = [0, 0]
+    streamed: list[list[torch.Tensor]] = [[], []]
+    while any(s < len(u) for s, u in zip(sent, utterances, strict=True)):
+        infos, active = [], []
+        for i, utt in enumerate(utterances):
+            if sent[i] < len(utt):
+                end = min(len(utt), 3 if sent[i] == 0 else sent[i] + 16)
+                left = min(RECEPTIVE_FIELD_FRAMES, sent[i])
+                infos.append(payload(utt[sent[i] - left : end], left, finished=end == len(utt)))
+                active.append(i)
+                sent[i] = end
+        for i, wav in zip(active, run(stage, infos)["model_outputs"], strict=True):
+            streamed[i].append(wav)
+    for utt, pieces in zip(utterances, streamed, strict=True):
+        full = reference.decode(utt[None])[0]
+        torch.testing.assert_close(torch.cat(pieces), full, atol=1e-4, rtol=0)
+
+
+def test_whole_utterance_window_is_split_exactly(stage, reference):
+    utt = codes(80, 5)
+    stage.decode_max_frames, before = 24, stage.decode_max_frames
+    try:
+        wav = run(stage, [payload(utt, 0, finished=True)])["model_outputs"][0]
+    finally:
+        stage.decode_max_frames = before
+    torch.testing.assert_close(wav, reference.decode(utt[None])[0], atol=1e-4, rtol=0)
+
+
+def test_dummy_run_without_payload_gives_empty_audio(stage):
+    with torch.inference_mode():
+        out = stage(input_ids=torch.zeros(16, dtype=torch.int64), positions=torch.arange(16))
+    assert [w.numel() for w in out.multimodal_outputs["model_outputs"]] == [0]
+    assert stage.compute_logits(out) is None
+    assert stage.embed_input_ids(torch.zeros(5, dtype=torch.int64)).shape == (5, 1)
+    stage.on_requests_finished({"a", "b"})
+
+
+def test_bad_window_is_logged_and_skipped(stage, caplog):
+    good = codes(4, 6)
+    with caplog.at_level(logging.ERROR):
+        mm = run(stage, [payload(torch.full((3, 4), 5000), 0), payload(good, 0), payload(good, 9)])
+    assert [w.numel() for w in mm["model_outputs"]] == [0, 4 * SPF, 0]
+    assert "codes must be in [0, 4032)" in caplog.text
+    assert "left_context_size=9 outside the 4-frame window" in caplog.text
+
+
+def test_codec_disagreeing_with_stage0_refuses_to_start(ckpt, tmp_path):
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
+
+    other = shutil.copytree(ckpt, tmp_path / "ckpt")
+    config = json.loads((other / "config.json").read_text())
+    config["kani_tts"]["sample_rate"] = 24000
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        KaniConfigError, match=r"codec sample_rate=22050 but Stage 0 \(kani_tts.sample_rate\) expects 24000"
+    ):
+        KaniNanoCodecForGeneration(vllm_config=vllm_config_for(other))

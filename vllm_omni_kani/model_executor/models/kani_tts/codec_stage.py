@@ -1,0 +1,171 @@
+"""Stage 1 of Kani TTS: codec frames → 22,050 Hz audio, as a vLLM-Omni generation-stage model.
+
+Stateless window decoding: every scheduled request brings a window ``[left context | new frames]``
+of ``[F, 4]`` codes (codebook order cb1..cb4, values 0..4031) and gets back the audio of its new
+frames, ``(F - left)·1,764`` float32 samples. All windows of a step are decoded in one batched call
+(right-padded; the decoder is causal, so padding never reaches a kept sample). With at least
+``RECEPTIVE_FIELD_FRAMES`` (28) frames of left context the streamed audio equals one decode of the
+whole utterance, so nothing is kept between steps and a finished or aborted request frees nothing.
+
+Payload, per request (``runtime_additional_information[i]``)::
+
+    {"codes": {"audio": LongTensor[F, 4]},
+     "meta": {"left_context_size": int | 0-d tensor | [int], "stream_finished": bool-ish}}
+
+A request without codes (profile or dummy run, a step without a chunk) gets an empty tensor; a
+malformed window is logged and also gets an empty tensor, because raising here would stop the
+engine for every request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm_omni.model_executor.models.output_templates import OmniOutput
+
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
+    NanoCodecDecoder,
+    check_matches_stage0,
+    find_codec,
+    load_decoder_state,
+    read_codec_config,
+    read_decoder_tensors,
+    stage0_audio_settings,
+)
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import check_codes
+
+logger = init_logger(__name__)
+
+# Longest run of new frames decoded as one batch row (20 s): a whole-utterance window (the
+# non-streaming path) is cut into pieces with 28 frames of context each, which is exact and keeps
+# activation memory and the set of batch shapes bounded. Connector extra: codec_decode_max_frames.
+DEFAULT_DECODE_MAX_FRAMES = 256
+
+
+def _first(value: Any) -> Any:
+    """The scalar inside a 0-d / 1-element tensor or a 1-element list (how meta values arrive)."""
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1)[0].item() if value.numel() else None
+    if isinstance(value, list | tuple):
+        return _first(value[0]) if value else None
+    return value
+
+
+def window_of(info: Any) -> tuple[torch.Tensor, int] | None:
+    """``(codes [F, 4] int64 on the CPU, left_context_frames)`` of one request's payload, or None."""
+    if not isinstance(info, Mapping):
+        return None
+    codes = (info.get("codes") or {}).get("audio") if isinstance(info.get("codes"), Mapping) else None
+    if codes is None:
+        return None
+    codes = torch.as_tensor(codes)
+    if codes.numel() == 0:
+        return None
+    meta = info.get("meta") if isinstance(info.get("meta"), Mapping) else {}
+    left = _first(meta.get("left_context_size", 0))
+    return codes.to("cpu", torch.int64), int(left or 0)
+
+
+class KaniNanoCodecForGeneration(nn.Module):
+    """NanoCodec decoder of ``<checkpoint>/codec/`` behind the vLLM-Omni generation-model contract."""
+
+    input_modalities = "audio"
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        self.vllm_config = vllm_config
+        self.have_multimodal_outputs = True  # the runner takes OmniOutput.multimodal_outputs
+        self.has_preprocess = False
+        self.has_postprocess = False
+        self.enable_update_additional_information = True  # fresh payload every step
+        self.requires_raw_input_tokens = True
+        model_config = vllm_config.model_config
+        self.codec_path = find_codec(model_config.model)
+        config = read_codec_config(self.codec_path)
+        check_matches_stage0(config, stage0_audio_settings(getattr(model_config.hf_config, CONFIG_KEY, None)))
+        # Parameters exist now (float32, on the stage's device) so the memory profiler sees them;
+        # load_weights fills them. float32 whatever the stage dtype: bf16 misses the parity bar.
+        self.decoder = NanoCodecDecoder(config).eval()
+        self.sample_rate = config.sample_rate
+        extra = self._connector_extra()
+        self.decode_max_frames = int(extra.get("codec_decode_max_frames", DEFAULT_DECODE_MAX_FRAMES))
+
+    def _connector_extra(self) -> Mapping[str, Any]:
+        connector = getattr(self.vllm_config.model_config, "stage_connector_config", None)
+        extra = (
+            connector.get("extra", connector) if isinstance(connector, Mapping) else getattr(connector, "extra", None)
+        )
+        return extra if isinstance(extra, Mapping) else {}
+
+    # -- vLLM model interface --------------------------------------------------------------------
+    def embed_input_ids(self, input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
+        # Token ids are placeholders here; the runner still wants an embedding per token.
+        return torch.zeros((input_ids.shape[0], 1), device=input_ids.device, dtype=torch.float32)
+
+    def compute_logits(self, hidden_states: Any, sampling_metadata: Any = None) -> None:
+        return None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Drain the Stage-0 weights vLLM offers and load the codec from the checkpoint's ``codec/``."""
+        for _ in weights:
+            pass
+        load_decoder_state(self.decoder, read_decoder_tensors(self.codec_path))
+        return {name for name, _ in self.named_parameters()}
+
+    def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
+        """Nothing to free: decoding is stateless between steps."""
+
+    def make_omni_output(self, model_outputs: Any, **_: Any) -> OmniOutput:
+        if isinstance(model_outputs, OmniOutput):
+            return model_outputs
+        return OmniOutput(*model_outputs)  # the NamedTuple, unpacked in transit
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        runtime_additional_information: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> OmniOutput:
+        """Decode every scheduled request's window; one 1-D float32 waveform per request, batch order."""
+        infos = runtime_additional_information or []
+        counts = kwargs.get("seq_token_counts")
+        if counts is not None:
+            num_reqs = len(counts)
+        elif infos:
+            num_reqs = len(infos)
+        else:
+            num_reqs = 1 if input_ids is not None and input_ids.numel() else 0
+        slots, windows, lefts = [], [], []
+        for i in range(num_reqs):
+            window = window_of(infos[i] if i < len(infos) else None)
+            if window is None:
+                continue
+            codes, left = window
+            try:
+                check_codes(codes, self.decoder.config)
+                if not 0 <= left <= codes.shape[0]:
+                    raise ValueError(f"left_context_size={left} outside the {codes.shape[0]}-frame window")
+            except ValueError as exc:
+                logger.error("Kani codec stage: request %d of the batch has a bad window, no audio: %s", i, exc)
+                continue
+            slots.append(i)
+            windows.append(codes)
+            lefts.append(left)
+        empty = torch.empty(0, dtype=torch.float32, device=self.decoder.device)
+        audio = [empty] * num_reqs
+        if windows:
+            for slot, wav in zip(
+                slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames), strict=True
+            ):
+                audio[slot] = wav
+        sr = torch.tensor(self.sample_rate)
+        return OmniOutput(text_hidden_states=None, multimodal_outputs={"model_outputs": audio, "sr": [sr] * num_reqs})
