@@ -276,3 +276,15 @@ def test_factory_codec_is_deterministic(tmp_path, ckpt):
     original = read_decoder_tensors(ckpt / "codec" / "nanocodec.nemo")
     assert again.keys() == original.keys()
     assert all(torch.equal(again[k], original[k]) for k in again)
+
+
+def test_decode_leaves_the_process_tf32_switch_alone(codec):
+    """The decoder forces strict float32 convs only while it runs (TF32 on a GPU is ~5e-4 off NeMo)."""
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        for setting in (True, False):
+            torch.backends.cudnn.allow_tf32 = setting
+            codec.decode(random_codes(2, batch=1))
+            assert torch.backends.cudnn.allow_tf32 is setting
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
