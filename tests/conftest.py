@@ -41,3 +41,35 @@ def tiny_parallel(make_ckpt) -> Path:
 @pytest.fixture(scope="session")
 def tiny_flattened(make_ckpt) -> Path:
     return make_ckpt("flattened")
+
+
+# --- `vllm serve --omni` servers (tests/server_utils.py) -------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def omni_server(tmp_path_factory: pytest.TempPathFactory):
+    """Return ``get(ckpt, deploy_yaml, extra_args=(), env=None) -> ServeProcess``: a started, healthy server.
+
+    One server runs at a time for the whole session: asking again with the same arguments (from any test file)
+    reuses it, asking with different ones stops it first. Every server is stopped, process group and all, at the
+    end of the session. Use ``server.base_url``, ``server.model``, ``server.log_text()``.
+    """
+    from tests.server_utils import ServerPool
+
+    pool = ServerPool(tmp_path_factory.mktemp("omni-server-logs"))
+    try:
+        yield pool.get
+    finally:
+        pool.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Attach the log tail of any running server to a failing test that uses one."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "omni_server" in getattr(item, "fixturenames", ()):
+        from tests.server_utils import ServeProcess
+
+        for server in ServeProcess.live:
+            report.sections.append((f"vllm serve log ({server.base_url})", server.log_tail()))
