@@ -141,7 +141,8 @@ def main() -> None:
             variants.append(("fused branches", fused_copy(decoder)))
         for batch in args.batches:
             gen = torch.Generator().manual_seed(batch)
-            codes = torch.randint(0, 4032, (batch, args.frames, 4), generator=gen).to(args.device)
+            shape = (batch, args.frames, decoder.config.num_codebooks)
+            codes = torch.randint(0, decoder.config.codebook_size, shape, generator=gen).to(args.device)
             with torch.inference_mode():
                 exact = decoder(codes)
             for name, model in variants:

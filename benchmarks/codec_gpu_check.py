@@ -67,7 +67,7 @@ def main() -> None:
     print("\n| 350m, CUDA graph | batch | frames | eager ms | graph ms | max abs diff graph vs eager |")
     print("|---|---|---|---|---|---|")
     for batch in (1, 16):
-        static = torch.randint(0, 4032, (batch, args.frames, 4), device="cuda")
+        static = torch.randint(0, decoder.config.codebook_size, (batch, args.frames, 4), device="cuda")
         with torch.inference_mode():
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -77,7 +77,7 @@ def main() -> None:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 captured = decoder(static)
-            fresh = torch.randint(0, 4032, static.shape, device="cuda")
+            fresh = torch.randint(0, decoder.config.codebook_size, static.shape, device="cuda")
             static.copy_(fresh)
             graph.replay()
             diff = (captured - decoder(fresh)).abs().max().item()

@@ -13,10 +13,11 @@ import shutil
 import pytest
 import torch
 
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import KaniConfigError
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniConfigError
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import RECEPTIVE_FIELD_FRAMES, load_codec
+from vllm_omni_kani.model_executor.models.kani_tts.token_layout import CODEBOOK_SIZE
 
-SPF = 1764
+SPF = SAMPLES_PER_FRAME
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -57,7 +58,7 @@ def reference(ckpt):
 
 
 def codes(frames: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 4032, (frames, 4), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(0, CODEBOOK_SIZE, (frames, 4), generator=torch.Generator().manual_seed(seed))
 
 
 def payload(window: torch.Tensor, left, finished=False) -> dict:
@@ -75,7 +76,7 @@ def run(stage, infos: list[dict]) -> dict:
     assert out.text_hidden_states is None
     mm = out.multimodal_outputs
     assert len(mm["model_outputs"]) == len(mm["sr"]) == len(infos)
-    assert all(int(sr) == 22050 for sr in mm["sr"])
+    assert all(int(sr) == SAMPLE_RATE for sr in mm["sr"])
     assert all(w.dtype == torch.float32 and w.ndim == 1 for w in mm["model_outputs"])
     return mm
 
@@ -141,9 +142,11 @@ def test_dummy_run_without_payload_gives_empty_audio(stage):
 def test_bad_window_is_logged_and_skipped(stage, caplog):
     good = codes(4, 6)
     with caplog.at_level(logging.ERROR):
-        mm = run(stage, [payload(torch.full((3, 4), 5000), 0), payload(good, 0), payload(good, 9)])
-    assert [w.numel() for w in mm["model_outputs"]] == [0, 4 * SPF, 0]
+        too_big = torch.full((3, 4), CODEBOOK_SIZE)
+        mm = run(stage, [payload(too_big, 0), payload(good, 0), payload(good, 9), payload(good.float(), 0)])
+    assert [w.numel() for w in mm["model_outputs"]] == [0, 4 * SPF, 0, 0]
     assert "codes must be in [0, 4032)" in caplog.text
+    assert "codes must be integers" in caplog.text
     assert "left_context_size=9 outside the 4-frame window" in caplog.text
 
 

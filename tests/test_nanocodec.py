@@ -235,7 +235,7 @@ def test_unusable_codec_is_a_clear_error(tmp_path, ckpt, changes, message):
 
 def test_bad_windows_are_refused(codec):
     with pytest.raises(ValueError, match=r"codes must be in \[0, 4032\)"):
-        codec.decode_window(torch.full((3, 4), 4032), 0)
+        codec.decode_window(torch.full((3, 4), DEFAULT_CONFIG.codebook_size), 0)
     with pytest.raises(ValueError, match=r"must be \[frames, 4\]"):
         codec.decode_window(torch.zeros(12, dtype=torch.int64), 0)
     with pytest.raises(ValueError, match="outside the 3-frame window"):

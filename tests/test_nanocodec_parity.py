@@ -18,12 +18,14 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
     load_codec,
     load_decoder_state,
     read_decoder_tensors,
 )
+from vllm_omni_kani.model_executor.models.kani_tts.token_layout import CODEBOOK_SIZE
 from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors, write_nemo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +83,7 @@ def test_matches_stored_nemo_decode(reference, factory_decoder, name, preset, se
     lengths = torch.from_numpy(reference[f"{name}.lengths"])
     ours = decoder.decode(tokens.transpose(1, 2), lengths)
     nemo = torch.from_numpy(reference[f"{name}.audio"])
-    assert ours.shape == nemo.shape == (tokens.shape[0], tokens.shape[2] * 1764)
+    assert ours.shape == nemo.shape == (tokens.shape[0], tokens.shape[2] * SAMPLES_PER_FRAME)
     assert (ours - nemo).abs().max().item() <= TOLERANCE
 
 
@@ -96,7 +98,7 @@ def test_live_nemo_parity(tmp_path):
     """NeMo restores a codec the factory just wrote and decodes fresh codes; the native decode agrees."""
     nemo_path = write_nemo(tmp_path / "live.nemo", "tiny", 7)
     lengths = [31, 9]
-    tokens = torch.randint(0, 4032, (2, 4, 31), generator=torch.Generator().manual_seed(99))
+    tokens = torch.randint(0, CODEBOOK_SIZE, (2, 4, 31), generator=torch.Generator().manual_seed(99))
     np.save(tmp_path / "tokens.npy", tokens.numpy())
     job = {"name": "live", "nemo": str(nemo_path), "tokens": str(tmp_path / "tokens.npy"), "lengths": lengths}
     (tmp_path / "jobs.json").write_text(json.dumps([job]))

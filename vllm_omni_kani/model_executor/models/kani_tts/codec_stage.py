@@ -58,18 +58,16 @@ def _first(value: Any) -> Any:
 
 
 def window_of(info: Any) -> tuple[torch.Tensor, int] | None:
-    """``(codes [F, 4] int64 on the CPU, left_context_frames)`` of one request's payload, or None."""
-    if not isinstance(info, Mapping):
+    """``(codes [F, 4] on the CPU, left_context_frames)`` of one request's payload, or None (no codes)."""
+    if not isinstance(info, Mapping) or not isinstance(info.get("codes"), Mapping):
         return None
-    codes = (info.get("codes") or {}).get("audio") if isinstance(info.get("codes"), Mapping) else None
-    if codes is None:
-        return None
-    codes = torch.as_tensor(codes)
-    if codes.numel() == 0:
+    audio = info["codes"].get("audio")
+    codes = None if audio is None else torch.as_tensor(audio)
+    if codes is None or codes.numel() == 0:
         return None
     meta = info.get("meta") if isinstance(info.get("meta"), Mapping) else {}
     left = _first(meta.get("left_context_size", 0))
-    return codes.to("cpu", torch.int64), int(left or 0)
+    return codes.to("cpu"), int(left or 0)
 
 
 class KaniNanoCodecForGeneration(nn.Module):
