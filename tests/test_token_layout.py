@@ -64,4 +64,14 @@ def test_token_in_wrong_codebook_slot_discards_that_frame():
     tokens[5] = tl.flat_token(6, 3)  # frame 1, slot 1 carries a codebook-4 id
     got = tl.frames_from_flat_tokens(tokens)
     np.testing.assert_array_equal(got.frames, frames[[0, 2]])
-    assert got.invalid == 1
+    # the partial frame [5], the misplaced code and the two orphaned codes of frame 1
+    assert got.invalid == 4
+
+
+def test_assembler_is_incremental():
+    frames = np.arange(24).reshape(6, 4)
+    tokens = [tl.START_OF_SPEECH, *tl.flat_tokens_from_frames(frames).tolist(), tl.END_OF_SPEECH, 70000]
+    asm = tl.FlatFrameAssembler()
+    got = [f for i in range(0, len(tokens), 3) for f in asm.feed(tokens[i : i + 3])]
+    np.testing.assert_array_equal(np.array(got), frames)
+    assert asm.ended and asm.pending == 0

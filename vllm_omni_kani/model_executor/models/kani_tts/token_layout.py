@@ -97,38 +97,66 @@ class FlatFrames:
     frames: np.ndarray  # [T, NUM_CODEBOOKS] int64 codes in 0..CODEBOOK_SIZE-1
     dropped_partial: int  # codes of an incomplete trailing frame that were discarded
     ended: bool  # END_OF_SPEECH was seen
-    invalid: int  # audio-range tokens in the wrong codebook slot (frame discarded)
+    invalid: int  # audio codes discarded because they broke the codebook order
+
+
+class FlatFrameAssembler:
+    """Incremental token → frame grouping for the flattened layout (one per request).
+
+    Speech starts after START_OF_SPEECH (or at the first audio token if the stream has
+    none) and ends at END_OF_SPEECH; non-audio tokens are skipped. Frame ``j`` must be
+    codebooks 0, 1, 2, 3 in order: a code in the wrong slot discards the frame being built
+    (and the code itself, unless it is a codebook-0 code, which starts a new frame).
+    """
+
+    def __init__(self) -> None:
+        self._partial: list[int] = []
+        self.ended = False
+        self.invalid = 0
+
+    def feed(self, token_ids: Sequence[int]) -> list[list[int]]:
+        """Consume new tokens; return the frames they complete, in order."""
+        done: list[list[int]] = []
+        for tok in token_ids:
+            if self.ended:
+                break
+            if tok == START_OF_SPEECH:
+                self.invalid += len(self._partial)
+                self._partial = []
+            elif tok == END_OF_SPEECH:
+                self.ended = True
+            elif AUDIO_TOKEN_OFFSET <= tok < AUDIO_TOKEN_OFFSET + NUM_CODEBOOKS * CODEBOOK_SIZE:
+                slot, code = divmod(tok - AUDIO_TOKEN_OFFSET, CODEBOOK_SIZE)
+                if slot != len(self._partial):
+                    self.invalid += len(self._partial) + (slot != 0)
+                    self._partial = []
+                    if slot != 0:
+                        continue
+                self._partial.append(code)
+                if len(self._partial) == NUM_CODEBOOKS:
+                    done.append(self._partial)
+                    self._partial = []
+        return done
+
+    @property
+    def pending(self) -> int:
+        """Codes of the frame being built (dropped if the stream ends now)."""
+        return len(self._partial)
 
 
 def frames_from_flat_tokens(token_ids: Sequence[int] | np.ndarray) -> FlatFrames:
-    """Group a flattened Kani token stream into frames.
+    """Group a whole flattened Kani token stream into frames (see :class:`FlatFrameAssembler`).
 
-    Only tokens after START_OF_SPEECH (or all tokens, if it is absent) and before
-    END_OF_SPEECH count; non-audio tokens are skipped. Token ``j`` of the speech must belong
-    to codebook ``j % 4``; a frame with a token in the wrong slot is discarded and counted.
     An incomplete last frame (END_OF_SPEECH or the length limit in mid-frame) is dropped
     and reported rather than padded.
     """
-    ids = np.asarray(token_ids, dtype=np.int64)
-    sos = np.flatnonzero(ids == START_OF_SPEECH)
-    if sos.size:
-        ids = ids[sos[0] + 1 :]
-    eos = np.flatnonzero(ids == END_OF_SPEECH)
-    ended = bool(eos.size)
-    if ended:
-        ids = ids[: eos[0]]
-    lo, hi = AUDIO_TOKEN_OFFSET, AUDIO_TOKEN_OFFSET + NUM_CODEBOOKS * CODEBOOK_SIZE
-    audio = ids[(ids >= lo) & (ids < hi)] - AUDIO_TOKEN_OFFSET
-    n_full = audio.size // NUM_CODEBOOKS
-    grid = audio[: n_full * NUM_CODEBOOKS].reshape(n_full, NUM_CODEBOOKS)
-    slot = grid // CODEBOOK_SIZE
-    ok = (slot == np.arange(NUM_CODEBOOKS)).all(axis=1)
-    frames = (grid % CODEBOOK_SIZE)[ok]
+    asm = FlatFrameAssembler()
+    frames = asm.feed([int(t) for t in token_ids])
     return FlatFrames(
-        frames=frames.astype(np.int64),
-        dropped_partial=int(audio.size - n_full * NUM_CODEBOOKS),
-        ended=ended,
-        invalid=int((~ok).sum()),
+        frames=np.asarray(frames, dtype=np.int64).reshape(-1, NUM_CODEBOOKS),
+        dropped_partial=asm.pending,
+        ended=asm.ended,
+        invalid=asm.invalid,
     )
 
 

@@ -1,0 +1,182 @@
+"""Stage 0 under vLLM: vLLM's LFM2 plus the Kani speech grammar, and for parallel-head
+checkpoints the three extra codebook heads.
+
+Only what is new lives here; the backbone, hybrid short-conv state, PagedAttention and
+weight mapping are vLLM's ``Lfm2ForCausalLM``.
+
+How one step turns into one frame (parallel heads):
+
+* ``forward`` runs the backbone (CUDA-graph captured by vLLM) and, inside the captured
+  region, records for each request the grammar phase after its last scheduled token.
+* ``make_omni_output`` runs eagerly right after, with vLLM-Omni's per-step kwargs: it takes
+  the rows vLLM will sample (``logits_index``) and samples codebooks 2-4 from the extra
+  heads with each request's sampling parameters. The codes travel as a per-token multimodal output ``codes.audio``
+  ``[num_tokens, 3]``: a sampled row whose token vLLM keeps holds its codes, every other
+  row holds -1. So the code row of a step belongs to the codebook-1 token sampled in that
+  step, and chunked-prefill steps that sample nothing carry nothing.
+* ``compute_logits`` masks codebook 1 to what the grammar allows after each row's
+  previous token (audio codes and END_OF_SPEECH in speech), so text is never sampled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.forward_context import get_forward_context, is_forward_context_available
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.models.lfm2 import Lfm2ForCausalLM
+from vllm_omni.model_executor.models.output_templates import OmniOutput
+
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
+
+CODE_HEAD_NAMES = tuple(f"cb{k + 1}_head" for k in range(1, tl.NUM_CODEBOOKS))
+NUM_CODE_HEADS = len(CODE_HEAD_NAMES)
+# Key of the per-token codes in vLLM-Omni's multimodal output payload.
+CODES_KEY = ("codes", "audio")
+NO_CODE = -1
+
+
+class KaniWeightError(ValueError):
+    """A checkpoint tensor that does not fit the Kani model; the message names the tensor."""
+
+
+class _KaniLfm2Base(Lfm2ForCausalLM):
+    """vLLM LFM2 plus the speech grammar mask; subclasses choose the variant."""
+
+    variant = "flattened"
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
+        sched = vllm_config.scheduler_config
+        capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
+        # Phase of the last input token of each request in the step (the row vLLM samples),
+        # written inside the forward so that it is part of a captured CUDA graph.
+        max_rows = max(sched.max_num_seqs, capture) + 1
+        self.register_buffer("_row_phase", torch.full((max_rows,), int(Phase.SPEECH_0)), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        self._record_row_phases(input_ids)
+        return hidden
+
+    def _record_row_phases(self, input_ids: torch.Tensor | None) -> None:
+        """Look up the phase after each request's last scheduled token (device-only ops)."""
+        query_start_loc = _attention_query_start_loc()
+        if input_ids is None or query_start_loc is None:
+            return
+        last = (query_start_loc[1:] - 1).clamp(0, input_ids.shape[0] - 1)
+        self._row_phase[: last.shape[0]].copy_(self.speech_mask.phases(input_ids[last]))
+
+    def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
+        logits = super().compute_logits(hidden_states)
+        return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
+
+
+def _attention_query_start_loc() -> torch.Tensor | None:
+    """``query_start_loc`` of the step from any attention layer's metadata, if a step is running."""
+    if not is_forward_context_available():
+        return None
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):
+        metadata = metadata[0] if metadata else None
+    for layer_metadata in (metadata or {}).values():
+        loc = getattr(layer_metadata, "query_start_loc", None)
+        if isinstance(loc, torch.Tensor):
+            return loc
+    return None
+
+
+class KaniFlattenedLfm2ForCausalLM(_KaniLfm2Base):
+    """Stock flattened Kani-TTS (plain LFM2 weights, four tokens per frame) with the grammar mask."""
+
+    variant = "flattened"
+
+
+class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
+    """LFM2 whose every decode step emits a whole frame: codebook 1 sampled by vLLM from
+    ``lm_head``, codebooks 2-4 sampled here from three heads on the same hidden state."""
+
+    variant = "parallel"
+    have_multimodal_outputs = True
+    # The per-step payload carries only the codes; the hidden states stay on the device.
+    omni_pooler_payload_include_hidden = False
+    # Ask the runner which sampled rows produce a kept token (not a chunked-prefill step).
+    requires_request_sample_eligibility = True
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # The three heads as one GEMM: rows [k*C, (k+1)*C) are codebook k+2.
+        self.code_heads = ReplicatedLinear(
+            self.config.hidden_size,
+            NUM_CODE_HEADS * tl.CODEBOOK_SIZE,
+            bias=False,
+            prefix=f"{prefix}.code_heads" if prefix else "code_heads",
+        )
+
+    def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[R, H]`` → ``[R, 3, CODEBOOK_SIZE]``."""
+        out, _ = self.code_heads(hidden)
+        return out.view(-1, NUM_CODE_HEADS, tl.CODEBOOK_SIZE)
+
+    def make_omni_output(self, model_output: Any, **kwargs: Any) -> Any:
+        hidden = model_output
+        logits_index = kwargs.get("logits_index")
+        codes = torch.full((hidden.shape[0], NUM_CODE_HEADS), NO_CODE, dtype=torch.long, device=hidden.device)
+        if logits_index is not None and logits_index.numel():
+            rows = logits_index.to(hidden.device).long()
+            sampled = sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata"))
+            eligible = kwargs.get("request_sample_eligible")
+            if eligible is not None and len(eligible) == rows.shape[0]:
+                keep = torch.tensor(eligible, dtype=torch.bool).to(hidden.device, non_blocking=True)
+                sampled = torch.where(keep.unsqueeze(1), sampled, NO_CODE)
+            codes[rows] = sampled
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={CODES_KEY[0]: {CODES_KEY[1]: codes}})
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        hidden = self.config.hidden_size
+        seen_heads: set[str] = set()
+        head_weight = self.code_heads.weight
+
+        def backbone_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                head = name.removesuffix(".weight")
+                if head in CODE_HEAD_NAMES and name.endswith(".weight"):
+                    _check_shape(name, tensor, (tl.CODEBOOK_SIZE, hidden))
+                    k = CODE_HEAD_NAMES.index(head)
+                    head_weight.data[k * tl.CODEBOOK_SIZE : (k + 1) * tl.CODEBOOK_SIZE].copy_(tensor)
+                    seen_heads.add(head)
+                    continue
+                if name in ("lm_head.weight", "model.embed_tokens.weight"):
+                    _check_shape(name, tensor, (self.config.vocab_size, hidden))
+                yield name, tensor
+
+        loaded = super().load_weights(backbone_weights())
+        missing = [h for h in CODE_HEAD_NAMES if h not in seen_heads]
+        if missing:
+            raise KaniWeightError(
+                f"checkpoint has no {', '.join(m + '.weight' for m in missing)}: a parallel-head Kani checkpoint "
+                f"needs {', '.join(CODE_HEAD_NAMES)} ([{tl.CODEBOOK_SIZE}, {hidden}] each). A flattened Kani-TTS "
+                f"checkpoint should declare architectures=['Lfm2ForCausalLM'] instead."
+            )
+        return loaded | {"code_heads.weight"}
+
+
+def _check_shape(name: str, tensor: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != expected:
+        raise KaniWeightError(
+            f"checkpoint tensor {name} has shape {list(tensor.shape)}, expected {list(expected)} "
+            f"(vocab/codebook sizes of the Kani layout, hidden size from config.json)"
+        )

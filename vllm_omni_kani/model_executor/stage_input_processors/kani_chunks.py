@@ -1,0 +1,138 @@
+"""Turning Stage-0 output into codec chunks: pure functions and per-request state.
+
+No engine types here, so every rule is testable on plain lists. The wiring into
+vLLM-Omni's async_chunk producer lives in ``kani_tts.py``.
+
+A chunk is a window ``[left context | new frames]`` of ``[F, 4]`` codes: Stage 1 decodes the
+window and keeps only the audio of the new frames. With at least the decoder's receptive
+field of left context, streamed audio equals a single decode of all frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+
+# The NanoCodec decoder looks 27.4 frames back; 28 makes chunked audio equal to one decode.
+DEFAULT_LEFT_CONTEXT_FRAMES = 28
+DEFAULT_INITIAL_CHUNK_FRAMES = 3
+DEFAULT_CHUNK_FRAMES = 16
+
+
+@dataclass(frozen=True)
+class ChunkPolicy:
+    """How many frames each chunk carries; every field is a deploy-YAML connector knob."""
+
+    initial_chunk_frames: int = DEFAULT_INITIAL_CHUNK_FRAMES
+    chunk_frames: int = DEFAULT_CHUNK_FRAMES
+    left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES
+
+    def __post_init__(self) -> None:
+        if self.initial_chunk_frames <= 0 or self.chunk_frames <= 0 or self.left_context_frames < 0:
+            raise ValueError(
+                f"invalid codec chunking: initial_codec_chunk_frames={self.initial_chunk_frames}, "
+                f"codec_chunk_frames={self.chunk_frames} (both must be > 0), "
+                f"codec_left_context_frames={self.left_context_frames} (must be >= 0)"
+            )
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> ChunkPolicy:
+        """Read ``codec_chunk_frames`` / ``initial_codec_chunk_frames`` / ``codec_left_context_frames``."""
+        return cls(
+            initial_chunk_frames=int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES)),
+            chunk_frames=int(extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)),
+            left_context_frames=int(extra.get("codec_left_context_frames", DEFAULT_LEFT_CONTEXT_FRAMES)),
+        )
+
+
+@dataclass
+class Chunk:
+    window: np.ndarray  # [left + new, 4] int64 codes
+    left_context: int  # frames at the start of ``window`` that were already decoded
+    finished: bool  # the last chunk of the request
+
+    @property
+    def new_frames(self) -> int:
+        return int(self.window.shape[0]) - self.left_context
+
+
+@dataclass
+class FrameStream:
+    """One request's frames so far and how many of them were already sent as new audio."""
+
+    variant: str
+    frames: list[list[int]] = field(default_factory=list)
+    sent: int = 0
+    chunks: int = 0
+    # parallel: code rows of codebooks 2-4, one per kept sampling step
+    code_rows: list[list[int]] = field(default_factory=list)
+    tokens_paired: int = 0
+    # flattened: the incremental token grouper and how many output tokens it consumed
+    assembler: tl.FlatFrameAssembler = field(default_factory=tl.FlatFrameAssembler)
+    tokens_seen: int = 0
+    done: bool = False
+
+    def add_step_codes(self, step_rows: np.ndarray | None) -> None:
+        """Parallel: keep the code row of a step whose sampled token vLLM kept.
+
+        ``step_rows`` ``[n_tokens, 3]`` is the step's per-token payload for this request;
+        only its last row can be a sampled row, and -1 marks "no token this step".
+        """
+        if step_rows is None or len(step_rows) == 0:
+            return
+        last = np.asarray(step_rows[-1]).tolist()
+        if last[0] >= 0:
+            self.code_rows.append([int(c) for c in last])
+
+    def add_tokens(self, output_token_ids: Sequence[int]) -> None:
+        """Consume the request's output tokens seen so far (append-only, may run ahead)."""
+        if self.variant == "parallel":
+            upto = min(len(output_token_ids), len(self.code_rows))
+            for k in range(self.tokens_paired, upto):
+                tok = int(output_token_ids[k])
+                if tok == tl.END_OF_SPEECH:
+                    self.done = True
+                if not self.done and tl.AUDIO_TOKEN_OFFSET <= tok < tl.AUDIO_TOKEN_OFFSET + tl.CODEBOOK_SIZE:
+                    self.frames.append([tok - tl.AUDIO_TOKEN_OFFSET, *self.code_rows[k]])
+            self.tokens_paired = max(self.tokens_paired, upto)
+        else:
+            new = [int(t) for t in output_token_ids[self.tokens_seen :]]
+            self.tokens_seen += len(new)
+            self.frames.extend(self.assembler.feed(new))
+            self.done = self.assembler.ended
+
+    def next_chunk(self, policy: ChunkPolicy, finished: bool) -> Chunk | None:
+        """The next window to decode, or None until enough new frames exist.
+
+        The first chunk is small (``initial_chunk_frames``) for a fast first sound, later ones
+        ``chunk_frames``; when the request is finished every remaining frame goes out.
+        """
+        pending = len(self.frames) - self.sent
+        target = policy.initial_chunk_frames if self.chunks == 0 else policy.chunk_frames
+        if pending <= 0 or (not finished and pending < target):
+            return None
+        end = len(self.frames) if finished else self.sent + target * (pending // target)
+        left = min(policy.left_context_frames, self.sent)
+        window = np.asarray(self.frames[self.sent - left : end], dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)
+        self.sent = end
+        self.chunks += 1
+        return Chunk(window=window, left_context=left, finished=finished and end == len(self.frames))
+
+
+def frames_from_parallel_output(token_ids: Sequence[int], code_rows: np.ndarray) -> np.ndarray:
+    """Whole-request frames for the parallel layout (non-streaming path).
+
+    ``code_rows`` ``[n, 3]`` are the per-token payload rows of the request; the rows whose
+    codes are >= 0 belong, in order, to the output tokens.
+    """
+    rows = np.asarray(code_rows).reshape(-1, tl.NUM_CODEBOOKS - 1)
+    stream = FrameStream("parallel")
+    for row in rows[rows[:, 0] >= 0]:
+        stream.add_step_codes(row[None])
+    stream.add_tokens(token_ids)
+    return np.asarray(stream.frames, dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)

@@ -1,0 +1,165 @@
+"""Stage 0 → Stage 1 for Kani TTS: vLLM-Omni's producer and consumer hooks.
+
+``*_async_chunk`` run in Stage 0's engine process on the connector's save thread, once per
+step that produced output for a request; they return the next ``[left context | new frames]``
+window when one is due. ``*_sync_inputs`` build the whole Stage-1 input at once when
+``async_chunk`` is off. The frame and chunk rules themselves are in ``kani_chunks.py``.
+
+Per-request state is keyed by the request's external id in the connector's
+``request_payload`` and removed when the request's last chunk is sent, or by a periodic sweep
+when the request was aborted (vLLM-Omni does not call the producer for aborted requests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from vllm_omni.data_entry_keys import CodesStruct, MetaStruct, OmniPayloadStruct
+from vllm_omni.inputs.data import OmniTokensPrompt
+
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
+    Chunk,
+    ChunkPolicy,
+    FrameStream,
+    frames_from_parallel_output,
+)
+
+logger = logging.getLogger(__name__)
+
+_STATE_KEY = "kani_tts"
+# Sweep aborted requests' state once every this many producer calls (amortised O(1) per call).
+_SWEEP_EVERY = 64
+_calls = itertools.count()
+
+
+def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
+    config = getattr(getattr(transfer_manager, "connector", None), "config", None) or {}
+    extra = config.get("extra", config) if isinstance(config, Mapping) else {}
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def _step_codes(multimodal_output: Mapping[str, Any] | None) -> np.ndarray | None:
+    codes = (multimodal_output or {}).get("codes")
+    rows = codes.get("audio") if isinstance(codes, Mapping) else None
+    if rows is None:
+        return None
+    return rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+
+
+def _sweep_aborted(payloads: dict[str, Any], keep: str) -> None:
+    for ext_id in [k for k, v in payloads.items() if k != keep and isinstance(v, dict) and _STATE_KEY in v]:
+        request = payloads[ext_id].get("request")
+        if request is not None and request.is_finished():
+            payloads.pop(ext_id, None)
+
+
+def _payload(chunk: Chunk, ext_id: str) -> OmniPayloadStruct:
+    finished = torch.tensor(chunk.finished, dtype=torch.bool)
+    # A 2-D codes tensor rides the payload channel into the Stage-1 model's
+    # runtime_additional_information (a 1-D one would become its prompt token ids).
+    return OmniPayloadStruct(
+        codes=CodesStruct(audio=torch.from_numpy(chunk.window)),
+        meta=MetaStruct(
+            finished=finished,
+            # meta.finished is consumed by the connector; stream_finished reaches the model.
+            stream_finished=finished,
+            left_context_size=chunk.left_context,
+            req_id=[ext_id],
+        ),
+    )
+
+
+def _async_chunk(
+    variant: str,
+    transfer_manager: Any,
+    multimodal_output: Mapping[str, Any] | None,
+    request: Any,
+    is_finished: bool,
+) -> OmniPayloadStruct | None:
+    ext_id = request.external_req_id
+    payloads: dict[str, Any] = transfer_manager.request_payload
+    if next(_calls) % _SWEEP_EVERY == 0:
+        _sweep_aborted(payloads, keep=ext_id)
+    entry = payloads.setdefault(ext_id, {})
+    if _STATE_KEY not in entry:
+        entry[_STATE_KEY] = FrameStream(variant)
+        entry["request"] = request
+        entry["policy"] = ChunkPolicy.from_extra(_connector_extra(transfer_manager))
+    stream: FrameStream = entry[_STATE_KEY]
+    if variant == "parallel":
+        stream.add_step_codes(_step_codes(multimodal_output))
+    stream.add_tokens(list(request.output_token_ids))
+    finished = bool(is_finished or request.is_finished())
+    chunk = stream.next_chunk(entry["policy"], finished)
+    if finished and stream.variant == "flattened" and (stream.assembler.pending or stream.assembler.invalid):
+        logger.warning(
+            "request %s: dropped %d codes of an incomplete last frame and %d out-of-order codes",
+            ext_id,
+            stream.assembler.pending,
+            stream.assembler.invalid,
+        )
+    if chunk is None:
+        # Nothing new: the connector still sends its own terminal marker on finish.
+        return None
+    return _payload(chunk, ext_id)
+
+
+def parallel_async_chunk(
+    transfer_manager: Any, multimodal_output: Mapping[str, Any] | None, request: Any, is_finished: bool = False
+) -> OmniPayloadStruct | None:
+    """Producer for parallel-head Stage 0: cb1 from the token stream, cb2-4 from ``codes.audio``."""
+    return _async_chunk("parallel", transfer_manager, multimodal_output, request, is_finished)
+
+
+def flattened_async_chunk(
+    transfer_manager: Any, multimodal_output: Mapping[str, Any] | None, request: Any, is_finished: bool = False
+) -> OmniPayloadStruct | None:
+    """Producer for flattened Stage 0: four tokens per frame from the token stream."""
+    return _async_chunk("flattened", transfer_manager, multimodal_output, request, is_finished)
+
+
+def _whole_request_prompt(frames: np.ndarray, request_id: str) -> OmniTokensPrompt:
+    window = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.int64)).reshape(-1, tl.NUM_CODEBOOKS)
+    return OmniTokensPrompt(
+        prompt_token_ids=[0],
+        additional_information={
+            "codes": {"audio": window},
+            "meta": {"left_context_size": 0, "stream_finished": True, "req_id": [request_id]},
+        },
+    )
+
+
+def parallel_sync_inputs(source_outputs: list[Any], prompt: Any = None, requires_multimodal_data: bool = False):
+    """Consumer for ``async_chunk: false``: every frame of each finished request at once."""
+    prompts = []
+    for out in source_outputs:
+        completion = out.outputs[0]
+        codes = (completion.multimodal_output or {}).get("codes.audio")
+        if codes is None:
+            codes = ((completion.multimodal_output or {}).get("codes") or {}).get("audio")
+        rows = np.zeros((0, tl.NUM_CODEBOOKS - 1)) if codes is None else np.asarray(codes)
+        frames = frames_from_parallel_output(completion.cumulative_token_ids, rows)
+        prompts.append(_whole_request_prompt(frames, out.request_id))
+    return prompts
+
+
+def flattened_sync_inputs(source_outputs: list[Any], prompt: Any = None, requires_multimodal_data: bool = False):
+    """Consumer for ``async_chunk: false`` with a flattened Stage 0."""
+    prompts = []
+    for out in source_outputs:
+        grouped = tl.frames_from_flat_tokens(out.outputs[0].cumulative_token_ids)
+        if grouped.dropped_partial or grouped.invalid:
+            logger.warning(
+                "request %s: dropped %d codes of an incomplete last frame and %d out-of-order codes",
+                out.request_id,
+                grouped.dropped_partial,
+                grouped.invalid,
+            )
+        prompts.append(_whole_request_prompt(grouped.frames, out.request_id))
+    return prompts
