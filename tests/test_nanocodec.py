@@ -288,3 +288,18 @@ def test_decode_leaves_the_process_tf32_switch_alone(codec):
             assert torch.backends.cudnn.allow_tf32 is setting
     finally:
         torch.backends.cudnn.allow_tf32 = before
+
+
+def test_incomplete_or_extra_weights_are_a_clear_error(ckpt, tmp_path):
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, load_decoder_state
+
+    tensors = read_decoder_tensors(ckpt)
+    decoder = NanoCodecDecoder(CODEC_PRESETS["tiny"])
+    gone = "audio_decoder.post_conv.conv.bias"
+    with pytest.raises(CodecConfigError, match=r"1 missing \(e.g. \['post_conv.bias'\]\), 0 unexpected"):
+        load_decoder_state(decoder, {k: v for k, v in tensors.items() if k != gone})
+    with pytest.raises(CodecConfigError, match=r"0 missing .* 1 unexpected \(e.g. \['extra.bias'\]\)"):
+        load_decoder_state(decoder, {**tensors, "audio_decoder.extra.conv.bias": torch.zeros(1)})
+    half = "audio_decoder.pre_conv.conv.parametrizations.weight.original0"
+    with pytest.raises(CodecConfigError, match=r"pre_conv\.weight: weight-norm direction without its magnitude"):
+        load_decoder_state(decoder, {k: v for k, v in tensors.items() if k != half})

@@ -114,13 +114,11 @@ def read_decoder_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     return {name: t for name, t in state.items() if name.startswith(DECODER_PREFIX)}
 
 
-def load_decoder_state(decoder: NanoCodecDecoder, state: Mapping[str, torch.Tensor]) -> set[str]:
-    """Fill ``decoder`` from NeMo-named tensors, folding weight norm on the decoder's device.
+def decoder_weights(state: Mapping[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """NeMo-named tensors → the decoder's parameter names, weight norm folded on ``device``.
 
-    Strict: every parameter must be provided exactly once and every tensor must land somewhere.
-    Returns the names of the loaded parameters.
+    Unknown names pass through (renamed as far as the table applies) for the caller to report.
     """
-    device = decoder.device
     renamed: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         short = name.removeprefix(DECODER_PREFIX)
@@ -130,22 +128,34 @@ def load_decoder_state(decoder: NanoCodecDecoder, state: Mapping[str, torch.Tens
     folded: dict[str, torch.Tensor] = {}
     for name, tensor in renamed.items():
         if name.endswith(".weight_g"):
+            if name.removesuffix("_g") + "_v" not in renamed:
+                raise CodecConfigError(
+                    f"codec weight {name.removesuffix('_g')}: weight-norm magnitude without direction"
+                )
             continue
         if name.endswith(".weight_v"):
-            base = name.removesuffix("_v")
-            g = renamed.get(base + "_g")
+            name = name.removesuffix("_v")
+            g = renamed.get(name + "_g")
             if g is None:
-                raise CodecConfigError(f"codec weight {base}: weight-norm direction without its magnitude")
+                raise CodecConfigError(f"codec weight {name}: weight-norm direction without its magnitude")
             # torch._weight_norm on the run device is what NeMo's parametrization computes.
             tensor = torch._weight_norm(tensor.to(device, torch.float32), g.to(device, torch.float32), 0)
-            name = base
         if name in folded:
             raise CodecConfigError(f"codec weight {name} is given twice (folded and as a weight-norm pair)")
         folded[name] = tensor
-    orphans = [n for n in renamed if n.endswith(".weight_g") and n.removesuffix("_g") + "_v" not in renamed]
+    return folded
+
+
+def load_decoder_state(decoder: NanoCodecDecoder, state: Mapping[str, torch.Tensor]) -> set[str]:
+    """Fill ``decoder`` from NeMo-named tensors (see :func:`decoder_weights`).
+
+    Strict: every parameter must be provided exactly once and every tensor must land somewhere.
+    Returns the names of the loaded parameters.
+    """
+    folded = decoder_weights(state, decoder.device)
     params = dict(decoder.named_parameters())
     missing = sorted(params.keys() - folded.keys())
-    unexpected = sorted(folded.keys() - params.keys()) + orphans
+    unexpected = sorted(folded.keys() - params.keys())
     if missing or unexpected:
         raise CodecConfigError(
             f"codec weights do not fit the decoder config: {len(missing)} missing (e.g. {missing[:3]}), "
