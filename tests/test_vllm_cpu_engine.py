@@ -49,3 +49,26 @@ def test_amx_patch_keeps_width3_conv_unpacked(monkeypatch):
     wide.weight = torch.nn.Parameter(torch.randn(8, 1, 4), requires_grad=False)
     layer_utils.dispatch_cpu_unquantized_gemm(wide, remove_weight=True)
     assert packed == [(8, 4)]
+
+
+@pytest.mark.engine
+def test_parallel_codebook1_through_plain_vllm_equals_reference(tiny_parallel):
+    """Without vLLM-Omni the extra heads are idle, but codebook 1 is the same greedy stream."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, generate_frames
+
+    prompts = [tl.build_prompt([tl.START_OF_TEXT, *range(300, 300 + n)]) for n in (4, 31)]
+    ref_model = ParallelHeadLfm2ForCausalLM.from_pretrained(tiny_parallel, dtype=torch.float32).eval()
+    reference = [generate_frames(ref_model, p, 48)[:, 0].tolist() for p in prompts]
+    llm = LLM(
+        model=str(tiny_parallel),
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=2,
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 << 20,
+    )
+    params = SamplingParams(max_tokens=48, temperature=0.0, detokenize=False, stop_token_ids=[tl.END_OF_SPEECH])
+    for ref, out in zip(reference, llm.generate([{"prompt_token_ids": p} for p in prompts], params), strict=True):
+        assert [t - tl.AUDIO_TOKEN_OFFSET for t in out.outputs[0].token_ids] == ref

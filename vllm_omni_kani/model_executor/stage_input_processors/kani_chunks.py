@@ -77,17 +77,17 @@ class FrameStream:
     tokens_seen: int = 0
     done: bool = False
 
-    def add_step_codes(self, step_rows: np.ndarray | None) -> None:
-        """Parallel: keep the code row of a step whose sampled token vLLM kept.
+    def add_step_codes(self, step_codes: np.ndarray | None) -> None:
+        """Parallel: keep the codes of a step whose sampled token vLLM kept.
 
-        ``step_rows`` ``[n_tokens, 3]`` is the step's per-token payload for this request;
-        only its last row can be a sampled row, and -1 marks "no token this step".
+        ``step_codes`` ``[n_tokens]`` is the step's packed per-token payload for this request;
+        only its last entry can belong to a sampled token, and -1 marks "no token this step".
         """
-        if step_rows is None or len(step_rows) == 0:
+        if step_codes is None or len(step_codes) == 0:
             return
-        last = np.asarray(step_rows[-1]).tolist()
-        if last[0] >= 0:
-            self.code_rows.append([int(c) for c in last])
+        last = int(np.asarray(step_codes).reshape(-1)[-1])
+        if last != tl.NO_CODES:
+            self.code_rows.append(tl.unpack_codes(last).tolist())
 
     def add_tokens(self, output_token_ids: Sequence[int]) -> None:
         """Consume the request's output tokens seen so far (append-only, may run ahead)."""
@@ -124,15 +124,15 @@ class FrameStream:
         return Chunk(window=window, left_context=left, finished=finished and end == len(self.frames))
 
 
-def frames_from_parallel_output(token_ids: Sequence[int], code_rows: np.ndarray) -> np.ndarray:
+def frames_from_parallel_output(token_ids: Sequence[int], packed_codes: np.ndarray) -> np.ndarray:
     """Whole-request frames for the parallel layout (non-streaming path).
 
-    ``code_rows`` ``[n, 3]`` are the per-token payload rows of the request; the rows whose
-    codes are >= 0 belong, in order, to the output tokens.
+    ``packed_codes`` ``[n]`` is the request's per-token payload over all steps; the entries
+    that are not -1 belong, in order, to the output tokens.
     """
-    rows = np.asarray(code_rows).reshape(-1, tl.NUM_CODEBOOKS - 1)
+    packed = np.asarray(packed_codes, dtype=np.int64).reshape(-1)
     stream = FrameStream("parallel")
-    for row in rows[rows[:, 0] >= 0]:
-        stream.add_step_codes(row[None])
+    for code in packed[packed != tl.NO_CODES]:
+        stream.add_step_codes(np.array([code]))
     stream.add_tokens(token_ids)
     return np.asarray(stream.frames, dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)

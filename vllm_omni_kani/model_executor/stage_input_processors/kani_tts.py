@@ -143,8 +143,8 @@ def parallel_sync_inputs(source_outputs: list[Any], prompt: Any = None, requires
         codes = (completion.multimodal_output or {}).get("codes.audio")
         if codes is None:
             codes = ((completion.multimodal_output or {}).get("codes") or {}).get("audio")
-        rows = np.zeros((0, tl.NUM_CODEBOOKS - 1)) if codes is None else np.asarray(codes)
-        frames = frames_from_parallel_output(completion.cumulative_token_ids, rows)
+        packed = np.zeros((0,), dtype=np.int64) if codes is None else np.asarray(codes)
+        frames = frames_from_parallel_output(completion.cumulative_token_ids, packed)
         prompts.append(_whole_request_prompt(frames, out.request_id))
     return prompts
 

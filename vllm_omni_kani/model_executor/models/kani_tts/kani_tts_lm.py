@@ -38,7 +38,6 @@ CODE_HEAD_NAMES = tuple(f"cb{k + 1}_head" for k in range(1, tl.NUM_CODEBOOKS))
 NUM_CODE_HEADS = len(CODE_HEAD_NAMES)
 # Key of the per-token codes in vLLM-Omni's multimodal output payload.
 CODES_KEY = ("codes", "audio")
-NO_CODE = -1
 
 
 class KaniWeightError(ValueError):
@@ -134,14 +133,14 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
     def make_omni_output(self, model_output: Any, **kwargs: Any) -> Any:
         hidden = model_output
         logits_index = kwargs.get("logits_index")
-        codes = torch.full((hidden.shape[0], NUM_CODE_HEADS), NO_CODE, dtype=torch.long, device=hidden.device)
+        codes = torch.full((hidden.shape[0],), tl.NO_CODES, dtype=torch.long, device=hidden.device)
         if logits_index is not None and logits_index.numel():
             rows = logits_index.to(hidden.device).long()
-            sampled = sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata"))
+            sampled = tl.pack_codes(sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata")))
             eligible = kwargs.get("request_sample_eligible")
             if eligible is not None and len(eligible) == rows.shape[0]:
                 keep = torch.tensor(eligible, dtype=torch.bool).to(hidden.device, non_blocking=True)
-                sampled = torch.where(keep.unsqueeze(1), sampled, NO_CODE)
+                sampled = torch.where(keep, sampled, tl.NO_CODES)
             codes[rows] = sampled
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs={CODES_KEY[0]: {CODES_KEY[1]: codes}})
 

@@ -51,7 +51,7 @@ def _lm_stage(variant: str, *, final: bool) -> StagePipelineConfig:
         final_output=final,
         final_output_type="text" if final else None,
         # Not "text": a per-step payload is what drives the async_chunk producer.
-        engine_output_type="latent",
+        engine_output_type="latent" if not final else "audio",
         model_arch=STAGE0_ARCH[variant],
         async_chunk_process_next_stage_input_func=None if final else f"{_PROC}.{variant}_async_chunk",
         sampling_constraints=dict(_LM_CONSTRAINTS),

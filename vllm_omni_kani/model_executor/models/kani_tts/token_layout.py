@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 TOKENISER_LENGTH = 64400
 START_OF_TEXT = 1
@@ -82,6 +83,25 @@ def flat_token(code: int | np.ndarray, codebook: int | np.ndarray) -> int | np.n
 
 def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
     return (token_ids >= AUDIO_TOKEN_OFFSET) & (token_ids < AUDIO_TOKEN_OFFSET + CODEBOOK_SIZE)
+
+
+# Codebooks 2-4 of one frame packed into one int64 (12 bits each), -1 when a row has none:
+# a 1-D per-token payload concatenates cleanly across steps in vLLM-Omni's output accumulation.
+CODE_BITS = 12
+NO_CODES = -1
+
+
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """``[..., NUM_CODEBOOKS - 1]`` codes → ``[...]`` int64."""
+    codes = codes.long()
+    return codes[..., 0] | (codes[..., 1] << CODE_BITS) | (codes[..., 2] << (2 * CODE_BITS))
+
+
+def unpack_codes(packed: torch.Tensor | np.ndarray) -> np.ndarray:
+    """``[...]`` packed int64 (all >= 0) → ``[..., NUM_CODEBOOKS - 1]`` codes."""
+    packed = np.asarray(packed, dtype=np.int64)
+    mask = (1 << CODE_BITS) - 1
+    return np.stack([(packed >> (k * CODE_BITS)) & mask for k in range(NUM_CODEBOOKS - 1)], axis=-1)
 
 
 def flat_codebook_range(codebook: int) -> tuple[int, int]:

@@ -1,0 +1,180 @@
+"""Stage 0 under vLLM-Omni's real engine (CPU): frames equal the transformers reference,
+seeded sampling is reproducible and batch-independent, flattened streams group into frames,
+and broken checkpoints fail at load with a message naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.conftest import REPO_ROOT
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, generate_frames
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import frames_from_parallel_output
+
+LM_ONLY_YAML = REPO_ROOT / "stage_configs" / "kani_tts_lm_cpu.yaml"
+STEPS = 64
+# Four prompts of different lengths, run as one batch.
+PROMPTS = [tl.build_prompt([tl.START_OF_TEXT, *range(300, 300 + n)]) for n in (2, 9, 23, 57)]
+
+pytestmark = pytest.mark.engine
+
+
+def _omni(ckpt: Path):
+    import vllm_omni_kani
+
+    vllm_omni_kani.register()  # offline use: vLLM-Omni resolves the pipeline before it loads plugins
+    from vllm_omni.entrypoints.omni import Omni
+
+    return Omni(model=str(ckpt), deploy_config=str(LM_ONLY_YAML), dtype="float32", max_num_seqs=len(PROMPTS))
+
+
+def _run(omni, prompts: list[list[int]], params) -> list:
+    """Generate one batch (Stage 0's sampling params shared by all) and return outputs in prompt order."""
+    results = omni.generate([{"prompt_token_ids": p} for p in prompts], [params])
+    return sorted(results, key=lambda o: int(str(o.request_id).split("_")[0]))
+
+
+def _frames(output) -> np.ndarray:
+    packed = output.multimodal_output["codes"]["audio"]
+    return frames_from_parallel_output(list(output.request_output.outputs[0].token_ids), np.asarray(packed))
+
+
+@pytest.fixture(scope="module")
+def parallel_omni(tiny_parallel):
+    omni = _omni(tiny_parallel)
+    yield omni
+    omni.close()
+
+
+def _params(**kw):
+    from vllm import SamplingParams
+
+    base = dict(max_tokens=STEPS, detokenize=False, stop_token_ids=[tl.END_OF_SPEECH])
+    return SamplingParams(**{**base, **kw})
+
+
+def test_greedy_frames_equal_hf_reference(parallel_omni, tiny_parallel):
+    ref_model = ParallelHeadLfm2ForCausalLM.from_pretrained(tiny_parallel, dtype=torch.float32).eval()
+    reference = [generate_frames(ref_model, p, STEPS).numpy() for p in PROMPTS]
+    outs = _run(parallel_omni, PROMPTS, _params(temperature=0.0))
+    for prompt, ref, out in zip(PROMPTS, reference, outs, strict=True):
+        got = _frames(out)
+        assert ref.shape == (STEPS, tl.NUM_CODEBOOKS), "pick prompts whose greedy run is >= 64 frames"
+        np.testing.assert_array_equal(got, ref, err_msg=f"prompt of {len(prompt)} tokens")
+        assert len(set(got[:, 1].tolist())) > 8  # the heads really produce varied codes
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(parallel_omni):
+    """Every request owns a generator seeded from its params: same seed, same frames, whoever shares the batch."""
+    seeded = _params(temperature=0.9, top_k=200, top_p=0.95, seed=1234)
+    alone_1 = _frames(_run(parallel_omni, PROMPTS[:1], seeded)[0])
+    alone_2 = _frames(_run(parallel_omni, PROMPTS[:1], seeded)[0])
+    batched = [_frames(o) for o in _run(parallel_omni, PROMPTS, seeded)]
+    np.testing.assert_array_equal(alone_1, alone_2)
+    np.testing.assert_array_equal(alone_1, batched[0])
+    alone_last = _frames(_run(parallel_omni, PROMPTS[-1:], seeded)[0])
+    np.testing.assert_array_equal(alone_last, batched[-1])
+    greedy = _frames(_run(parallel_omni, PROMPTS[:1], _params(temperature=0.0))[0])
+    assert not np.array_equal(alone_1, greedy[: len(alone_1)])  # sampling really sampled
+    assert len(np.unique(alone_1[:, 1:])) > 30
+
+
+def test_flattened_tokens_group_into_frames(tiny_flattened):
+    from vllm import SamplingParams
+
+    omni = _omni(tiny_flattened)
+    try:
+        prompt = PROMPTS[1]
+        greedy = omni.generate([{"prompt_token_ids": prompt}], [_params(temperature=0.0, max_tokens=4 * 12)])[0]
+        tokens = list(greedy.request_output.outputs[0].token_ids)
+        grouped = tl.frames_from_flat_tokens(tokens)
+        # The grammar mask puts every code in its codebook slot.
+        assert grouped.invalid == 0 and grouped.dropped_partial == 0
+        assert grouped.frames.shape == (len(tokens) // 4, 4)
+        np.testing.assert_array_equal(tl.flat_tokens_from_frames(grouped.frames), tokens[: 4 * len(grouped.frames)])
+
+        # END_OF_SPEECH forced in mid-frame (after six codes): one whole frame, two codes dropped and reported.
+        mid = SamplingParams(
+            max_tokens=32,
+            min_tokens=6,
+            detokenize=False,
+            temperature=0.0,
+            stop_token_ids=[tl.END_OF_SPEECH],
+            logit_bias={tl.END_OF_SPEECH: 100.0},
+        )
+        out = omni.generate([{"prompt_token_ids": prompt}], [mid])[0]
+        tokens = list(out.request_output.outputs[0].token_ids)
+        assert tokens[6] == tl.END_OF_SPEECH and len(tokens) == 7
+        cut = tl.frames_from_flat_tokens(tokens)
+        assert cut.ended and cut.frames.shape == (1, 4) and cut.dropped_partial == 2
+    finally:
+        omni.close()
+
+
+def _broken_checkpoint(src: Path, dst: Path, edit) -> Path:
+    subprocess.run(["cp", "-r", str(src), str(dst)], check=True)
+    weights = load_file(dst / "model.safetensors")
+    edit(weights)
+    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+LOAD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from vllm import LLM
+    if __name__ == "__main__":
+        LLM(model=sys.argv[1], dtype="float32", max_model_len=128, max_num_seqs=1, enforce_eager=True,
+            kv_cache_memory_bytes=32 << 20)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda w: w.pop("cb3_head.weight"), "checkpoint has no cb3_head.weight"),
+        (
+            lambda w: w.__setitem__("cb4_head.weight", w["cb4_head.weight"][:100]),
+            "cb4_head.weight has shape [100, 64], expected [4032, 64]",
+        ),
+    ],
+    ids=["missing-head", "wrong-head-size"],
+)
+def test_broken_checkpoint_fails_at_load_naming_the_tensor(tiny_parallel, tmp_path, edit, message):
+    ckpt = _broken_checkpoint(tiny_parallel, tmp_path / "broken", edit)
+    run = subprocess.run(
+        [sys.executable, "-c", LOAD_SCRIPT, str(ckpt)], capture_output=True, text=True, timeout=600, cwd=REPO_ROOT
+    )
+    assert run.returncode != 0
+    log = run.stdout + run.stderr  # vLLM logs the worker exception to stdout
+    assert message in log, log[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"architectures": ["LlamaForCausalLM"]}, "is not a Kani TTS model"),
+        ({"vocab_size": 65536}, "cannot hold the Kani audio codes"),
+        ({"kani_tts": {"codebook_size": 1024}}, "codebook_size=1024 but the Kani layout fixes 4032"),
+        ({"kani_tts": {"speakers": ["a"], "default_speaker": "b"}}, "default_speaker 'b' is not one of speakers"),
+    ],
+)
+def test_wrong_config_is_rejected_with_an_actionable_message(tiny_parallel, change, message):
+    from transformers import AutoConfig
+
+    from vllm_omni_kani.model_executor.models.kani_tts.configuration import KaniConfigError, KaniTTSSettings
+
+    cfg = AutoConfig.from_pretrained(tiny_parallel)
+    for key, value in change.items():
+        setattr(cfg, key, value)
+    with pytest.raises(KaniConfigError, match=message):
+        KaniTTSSettings.from_hf_config(cfg)
