@@ -155,6 +155,68 @@ def rotate_flattened_heads_on_cpu() -> bool:
     return True
 
 
+def route_speech_to_kani_adapter() -> bool:
+    """vllm-omni 0.26.0: let ``/v1/audio/speech`` find the Kani adapter and its extra fields.
+
+    In 0.26.0 the speech server picks a TTS adapter only for stage names in the module-level
+    ``_TTS_MODEL_STAGES`` set and maps them to a model type through a hard-coded if-chain
+    (``OmniOpenAIServingSpeech._detect_tts_model_type``), so ``register_tts_adapter`` alone is
+    never consulted for an out-of-tree pipeline (upstream RFC vllm-project/vllm-omni#4327 is
+    moving that dispatch onto the adapters). This adds Kani's stage name, answers "kani_tts"
+    for it, registers the adapter, lets the request model keep unknown fields (Kani validates
+    them: ``temperature``, ``sample_rate``, ...) and routes Kani requests through
+    ``kani_speech.prepare_kani_speech`` (long input, output sample rate).
+
+    Only in the API server process (where vLLM-Omni's serving module is already imported when
+    plugins load); engine and worker processes never import the serving stack for it.
+    Returns whether the patch is active.
+    """
+    import sys
+
+    name = "route_speech_to_kani_adapter"
+    if name in _applied:
+        return True
+    if "vllm_omni.entrypoints.openai.serving_speech" not in sys.modules or not _vllm_omni_version().startswith("0.26."):
+        return False
+    from vllm_omni.entrypoints.openai import serving_speech
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+    from vllm_omni.entrypoints.openai.tts_adapters import TTS_ADAPTER_REGISTRY, register_tts_adapter
+
+    from vllm_omni_kani.entrypoints.openai.kani_speech import prepare_kani_speech
+    from vllm_omni_kani.entrypoints.openai.tts_adapters.kani_tts import MODEL_TYPE, KaniTTSAdapter
+    from vllm_omni_kani.model_executor.models.kani_tts.pipeline import LM_STAGE
+
+    serving_speech._TTS_MODEL_STAGES.add(LM_STAGE)
+    if MODEL_TYPE not in TTS_ADAPTER_REGISTRY:
+        register_tts_adapter(KaniTTSAdapter)
+    server_cls = serving_speech.OmniOpenAIServingSpeech
+    detect, prepare = server_cls._detect_tts_model_type, server_cls._prepare_speech_generation
+
+    @functools.wraps(detect)
+    def detect_tts_model_type(self: Any) -> str | None:
+        stage = self._tts_stage
+        if stage is not None and getattr(stage.engine_args, "model_stage", None) == LM_STAGE:
+            return MODEL_TYPE
+        return detect(self)
+
+    @functools.wraps(prepare)
+    async def prepare_speech_generation(
+        self: Any, request: Any, request_id: str | None = None, has_inline_ref_audio: bool | None = None
+    ) -> Any:
+        if self._tts_model_type != MODEL_TYPE:
+            return await prepare(self, request, request_id, has_inline_ref_audio)
+        return await prepare_kani_speech(self, prepare, request, request_id, has_inline_ref_audio)
+
+    server_cls._detect_tts_model_type = detect_tts_model_type
+    server_cls._prepare_speech_generation = prepare_speech_generation
+    # Unknown request fields are kept in ``model_extra`` instead of being dropped silently.
+    OpenAICreateSpeechRequest.model_config["extra"] = "allow"
+    OpenAICreateSpeechRequest.model_rebuild(force=True)
+    _applied.add(name)
+    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
+    return True
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -163,6 +225,7 @@ def apply_all() -> list[str]:
             keep_narrow_conv_weights_unpacked,
             rotate_flattened_heads_on_cpu,
             omni_request_output_ec_transfer_params,
+            route_speech_to_kani_adapter,
         )
         if fn()
     ]

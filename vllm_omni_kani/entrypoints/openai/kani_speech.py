@@ -1,0 +1,141 @@
+"""What Kani adds around vLLM-Omni's speech generation: long input and output rate.
+
+vLLM-Omni turns one speech request into one engine request. For Kani, text longer than one
+generation comfortably holds is split at sentence boundaries (``text_segments``); the
+segments are generated one after another and their audio is yielded as one stream, so the
+client sees a single seamless response. When the client asks for another sample rate (or for
+Opus, which cannot carry 22,050 Hz) the audio is resampled on the way out, chunk by chunk.
+
+The consumers downstream (non-streaming encoder, raw and SSE streaming) are vLLM-Omni's and
+are unchanged; outputs are shaped for them: streaming outputs carry only new samples, and the
+final non-streaming output carries the whole waveform.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import torch
+
+from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
+from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS, parse_options
+from vllm_omni_kani.entrypoints.openai.text_segments import split_text
+
+logger = logging.getLogger(__name__)
+
+Prepare = Callable[..., Awaitable[tuple[str, Any, dict[str, Any]]]]
+
+
+def _audio_of(server: Any, res: Any) -> tuple[Any, str | None]:
+    return server._extract_audio_output(res)
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    """An output's audio as one 1-D float tensor (a list of chunks is concatenated)."""
+    if isinstance(value, list):
+        parts = [v.reshape(-1).float().cpu() for v in value if hasattr(v, "numel") and v.numel() > 0]
+        return torch.cat(parts) if parts else torch.zeros(0)
+    return value.reshape(-1).float().cpu() if hasattr(value, "reshape") else torch.zeros(0)
+
+
+def _set(mapping: Any, key: str, value: Any) -> None:
+    """Replace ``key`` in a vLLM-Omni payload (a dict or a ``MultimodalPayload``)."""
+    tensors = getattr(mapping, "tensors", None)
+    if isinstance(tensors, dict):
+        if key in tensors or isinstance(value, torch.Tensor):
+            tensors[key] = value
+            getattr(mapping, "metadata", {}).pop(key, None)
+        else:
+            mapping.metadata[key] = value
+    else:
+        mapping[key] = value
+
+
+class _SegmentAudio:
+    """Turns one segment's outputs into new samples, whatever form the engine used."""
+
+    def __init__(self) -> None:
+        self.seen_chunks = 0
+        self.seen_samples = 0
+
+    def new_samples(self, value: Any, streaming: bool) -> torch.Tensor:
+        if isinstance(value, list):  # cumulative list of chunks
+            fresh = value[self.seen_chunks :]
+            self.seen_chunks = len(value)
+            return _as_tensor(fresh)
+        audio = _as_tensor(value)
+        if streaming:
+            return audio  # per-step delta
+        fresh = audio[self.seen_samples :]  # cumulative waveform
+        self.seen_samples = audio.numel()
+        return fresh
+
+
+async def prepare_kani_speech(
+    server: Any, original: Prepare, request: Any, request_id: str | None, has_inline_ref_audio: bool | None
+) -> tuple[str, AsyncIterator[Any], dict[str, Any]]:
+    """``_prepare_speech_generation`` for Kani: segments, resampling, one output stream."""
+    adapter = server._get_tts_adapter()
+    error = adapter.validate(request)
+    if error:
+        raise ValueError(error)
+    options = parse_options(request, adapter.settings)
+    segments = split_text(request.input, MAX_SEGMENT_CHARS)
+    streaming = request.is_streaming()
+    native = adapter.settings.sample_rate
+    out_rate = options.sample_rate or native
+    first_id, first_gen, tts_params = await original(
+        server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
+    )
+    if len(segments) > 1:
+        logger.info("speech request %s: %d characters in %d segments", first_id, len(request.input), len(segments))
+
+    async def outputs() -> AsyncIterator[Any]:
+        resampler = StreamingResampler(native, out_rate)
+        whole: list[torch.Tensor] = []
+        last = None
+        for index, text in enumerate(segments):
+            if index == 0:
+                gen = first_gen
+            else:
+                _, gen, _ = await original(
+                    server, request.model_copy(update={"input": text}), f"{first_id}-{index}", has_inline_ref_audio
+                )
+            audio_state = _SegmentAudio()
+            try:
+                async for res in gen:
+                    last = res
+                    payload, key = _audio_of(server, res)
+                    if key is None:
+                        continue
+                    fresh = audio_state.new_samples(payload[key], streaming)
+                    if streaming:
+                        _set(payload, key, resampler.push(fresh))
+                        _set(payload, "sr", torch.tensor(out_rate))
+                        yield res
+                    else:
+                        whole.append(fresh)
+            finally:
+                # A client that goes away closes this generator: close the engine's too, which aborts it.
+                await gen.aclose()
+        if last is None:
+            return
+        if streaming:
+            tail = resampler.flush()
+            if tail.numel():
+                payload, key = _audio_of(server, last)
+                _set(payload, key, tail)
+                yield last
+            return
+        payload, key = _audio_of(server, last)
+        if key is None:
+            yield last
+            return
+        audio = torch.cat(whole) if whole else torch.zeros(0)
+        _set(payload, key, torch.cat([resampler.push(audio), resampler.flush()]) if out_rate != native else audio)
+        _set(payload, "sr", torch.tensor(out_rate))
+        yield last
+
+    return first_id, outputs(), tts_params

@@ -1,0 +1,88 @@
+"""Kani TTS on vLLM-Omni's ``/v1/audio/speech``: validation and request → Stage-0 prompt.
+
+The whole serving surface of the model: speakers from the checkpoint, OpenAI voice names
+mapped to the default speaker, Kani's prompt layout around ``"{speaker}: {text}"``, and the
+request's sampling knobs on top of the checkpoint's defaults. Long input, resampling and
+output shaping live in ``kani_speech.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from vllm_omni.entrypoints.openai.tts_adapters.base import ARTTSAdapter, PreparedRequest, SpeechServingContext
+
+from vllm_omni_kani.entrypoints.openai.speech_request import (
+    MAX_SEGMENT_CHARS,
+    SpeechRequestError,
+    check_max_new_tokens,
+    check_text,
+    parse_options,
+)
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import KaniTTSSettings
+
+MODEL_TYPE = "kani_tts"
+# Longest prompt a segment can produce: ~1 token per character plus the layout's control tokens.
+_PROMPT_TOKEN_BUDGET = MAX_SEGMENT_CHARS + 64
+
+
+class KaniTTSAdapter(ARTTSAdapter):
+    name = MODEL_TYPE
+    stage_keys = frozenset({MODEL_TYPE})
+
+    def __init__(self, ctx: SpeechServingContext):
+        super().__init__(ctx)
+        server = ctx.server
+        stage_args = server._tts_stage.engine_args
+        self.model_path = str(getattr(stage_args, "model", None) or server.engine_client.model_config.model)
+        self.settings = KaniTTSSettings.from_hf_config(server.engine_client.model_config.hf_config)
+        self.max_model_len = int(getattr(stage_args, "max_model_len", None) or 4096)
+        self.max_new_tokens_max = self.max_model_len - _PROMPT_TOKEN_BUDGET
+        server.supported_speakers |= {s.lower() for s in self.settings.speakers}
+        self._tokenizer: Any = None
+
+    def validate(self, request: Any) -> str | None:
+        try:
+            check_text(request.input)
+            check_max_new_tokens(request.max_new_tokens, self.max_new_tokens_max)
+            parse_options(request, self.settings)
+        except SpeechRequestError as exc:
+            return str(exc)
+        return None
+
+    async def build(self, request: Any, sampling_params_list: list, has_inline_ref_audio: bool) -> PreparedRequest:
+        options = parse_options(request, self.settings)
+        prompt_ids = await self._prompt_ids(tl.speaker_text(request.input.strip(), options.speaker))
+        default_tokens = self.settings.sampling.max_new_frames * self.settings.tokens_per_frame
+        max_tokens = request.max_new_tokens or min(default_tokens, self.max_model_len - len(prompt_ids))
+        if len(prompt_ids) + max_tokens > self.max_model_len:
+            raise SpeechRequestError(
+                f"prompt ({len(prompt_ids)} tokens) plus max_new_tokens ({max_tokens}) exceeds "
+                f"max_model_len {self.max_model_len}; shorten the input or lower max_new_tokens"
+            )
+        # The list is what the server sends to the engine; element 0 may be the engine's shared default.
+        stage0 = sampling_params_list[0].clone()
+        stage0.temperature = options.temperature
+        stage0.top_p = options.top_p
+        stage0.top_k = options.top_k
+        stage0.repetition_penalty = options.repetition_penalty
+        stage0.max_tokens = max_tokens
+        stage0.stop_token_ids = [tl.END_OF_SPEECH]
+        sampling_params_list[0] = stage0
+        tts_params = {"speaker": [options.speaker], "text": [request.input]}
+        return PreparedRequest(prompt={"prompt_token_ids": prompt_ids}, tts_params=tts_params, model_type=MODEL_TYPE)
+
+    async def _prompt_ids(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            loop = asyncio.get_running_loop()
+            self._tokenizer = await loop.run_in_executor(None, AutoTokenizer.from_pretrained, self.model_path)
+        encode = functools.partial(self._tokenizer, add_special_tokens=True)
+        ids = (await asyncio.get_running_loop().run_in_executor(None, encode, text))["input_ids"]
+        if not ids or ids[0] != tl.START_OF_TEXT:
+            ids = [tl.START_OF_TEXT, *ids]
+        return tl.build_prompt(ids)
