@@ -55,7 +55,7 @@ class KaniTTSAdapter(ARTTSAdapter):
 
     async def build(self, request: Any, sampling_params_list: list, has_inline_ref_audio: bool) -> PreparedRequest:
         options = parse_options(request, self.settings)
-        prompt_ids = await self._prompt_ids(tl.speaker_text(request.input.strip(), options.speaker))
+        prompt_ids = await self._prompt_ids(request.input.strip(), options.speaker)
         default_tokens = self.settings.sampling.max_new_frames * self.settings.tokens_per_frame
         max_tokens = request.max_new_tokens or min(default_tokens, self.max_model_len - len(prompt_ids))
         if len(prompt_ids) + max_tokens > self.max_model_len:
@@ -75,14 +75,11 @@ class KaniTTSAdapter(ARTTSAdapter):
         tts_params = {"speaker": [options.speaker], "text": [request.input]}
         return PreparedRequest(prompt={"prompt_token_ids": prompt_ids}, tts_params=tts_params, model_type=MODEL_TYPE)
 
-    async def _prompt_ids(self, text: str) -> list[int]:
+    async def _prompt_ids(self, text: str, speaker: str | None) -> list[int]:
+        """Tokenize off the event loop (the tokenizer itself is loaded once, on first use)."""
+        loop = asyncio.get_running_loop()
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            loop = asyncio.get_running_loop()
             self._tokenizer = await loop.run_in_executor(None, AutoTokenizer.from_pretrained, self.model_path)
-        encode = functools.partial(self._tokenizer, add_special_tokens=True)
-        ids = (await asyncio.get_running_loop().run_in_executor(None, encode, text))["input_ids"]
-        if not ids or ids[0] != tl.START_OF_TEXT:
-            ids = [tl.START_OF_TEXT, *ids]
-        return tl.build_prompt(ids)
+        return await loop.run_in_executor(None, functools.partial(tl.text_prompt_ids, self._tokenizer, text, speaker))

@@ -14,6 +14,9 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 
 PARALLEL_ARCH = "ParallelHeadLfm2ForCausalLM"
 FLATTENED_ARCH = "Lfm2ForCausalLM"
+# What Stage 0 runs a flattened checkpoint as (vLLM's LFM2 plus the speech grammar); the serving
+# side sees this name once the pipeline has overridden the architecture.
+FLATTENED_STAGE_ARCH = "KaniFlattenedLfm2ForCausalLM"
 CONFIG_KEY = "kani_tts"
 
 SAMPLE_RATE = 22050
@@ -71,7 +74,7 @@ class KaniTTSSettings:
         if arch == PARALLEL_ARCH:
             inferred: Variant = "parallel"
             need_vocab = tl.PARALLEL_VOCAB_SIZE
-        elif arch == FLATTENED_ARCH:
+        elif arch in (FLATTENED_ARCH, FLATTENED_STAGE_ARCH):
             inferred = "flattened"
             need_vocab = tl.AUDIO_TOKEN_OFFSET + tl.NUM_CODEBOOKS * tl.CODEBOOK_SIZE
         else:

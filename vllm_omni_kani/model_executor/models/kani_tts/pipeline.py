@@ -15,6 +15,7 @@ from vllm_omni.config.stage_config import PipelineConfig, StageExecutionType, St
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
     FLATTENED_ARCH,
+    FLATTENED_STAGE_ARCH,
     PARALLEL_ARCH,
     KaniTTSSettings,
 )
@@ -26,7 +27,7 @@ LM_STAGE = "kani_tts"
 CODEC_STAGE = "kani_codec"
 
 # Architectures the stages run under (registered by vllm_omni_kani.register()).
-STAGE0_ARCH = {"parallel": PARALLEL_ARCH, "flattened": "KaniFlattenedLfm2ForCausalLM"}
+STAGE0_ARCH = {"parallel": PARALLEL_ARCH, "flattened": FLATTENED_STAGE_ARCH}
 CODEC_ARCH = "KaniNanoCodecForGeneration"
 
 _PROC = "vllm_omni_kani.model_executor.stage_input_processors.kani_tts"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,6 +70,14 @@ def build_prompt(text_ids_with_bos: Sequence[int], *, prefill_speech_start: bool
 def speaker_text(text: str, speaker: str | None) -> str:
     """Kani selects a voice by prefixing the text with ``"{speaker}: "``."""
     return f"{speaker}: {text}" if speaker else text
+
+
+def text_prompt_ids(tokenizer: Any, text: str, speaker: str | None) -> list[int]:
+    """Tokenize ``"{speaker}: {text}"`` (BOS included) and wrap it in the Kani prompt."""
+    ids = list(tokenizer(speaker_text(text, speaker), add_special_tokens=True)["input_ids"])
+    if not ids or ids[0] != START_OF_TEXT:
+        ids = [START_OF_TEXT, *ids]
+    return build_prompt(ids)
 
 
 def cb1_token(code: int | np.ndarray) -> int | np.ndarray:

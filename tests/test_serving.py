@@ -1,0 +1,292 @@
+"""The product as a user runs it: `vllm serve CKPT --omni --deploy-config stage_configs/kani_tts_cpu.yaml`,
+then OpenAI-style speech requests over real HTTP on 127.0.0.1.
+
+Factory checkpoints have random weights, so the audio is noise and the model never ends by
+itself: every request bounds its length with ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from tests.conftest import REPO_ROOT
+from vllm_omni_kani.entrypoints.openai.speech_request import MAX_INPUT_CHARS, MAX_SEGMENT_CHARS
+from vllm_omni_kani.entrypoints.openai.text_segments import split_text
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniTTSSettings
+from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import (
+    ParallelHeadLfm2ForCausalLM,
+    SamplingConfig,
+    generate_frames,
+)
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import load_codec
+
+pytestmark = [pytest.mark.server, pytest.mark.engine]
+DEPLOY = "kani_tts_cpu.yaml"
+FRAMES = 12
+TEXT = "Hello world, this is Kani speaking."
+PCM16 = 32767
+
+
+@pytest.fixture(scope="module")
+def server(omni_server, tiny_parallel):
+    return omni_server(tiny_parallel, DEPLOY)
+
+
+def speech(server, timeout: float = 300, **body) -> httpx.Response:
+    body.setdefault("max_new_tokens", FRAMES)
+    return httpx.post(f"{server.base_url}/v1/audio/speech", json=body, timeout=timeout)
+
+
+def wav_samples(response: httpx.Response) -> tuple[np.ndarray, int]:
+    assert response.status_code == 200, response.text
+    data, rate = sf.read(io.BytesIO(response.content), dtype="int16")
+    return data, rate
+
+
+def raw_pcm(server, **body) -> np.ndarray:
+    body |= {"response_format": "pcm", "stream_format": "audio"}
+    body.setdefault("max_new_tokens", FRAMES)
+    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        return np.frombuffer(b"".join(r.iter_bytes()), dtype=np.int16)
+
+
+def sse_pcm(server, **body) -> np.ndarray:
+    body |= {"response_format": "pcm", "stream": True}
+    body.setdefault("max_new_tokens", FRAMES)
+    chunks, done = [], False
+    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if event["type"] == "speech.audio.delta":
+                chunks.append(base64.b64decode(event["audio"]))
+            elif event["type"] == "speech.audio.done":
+                done = True
+            else:
+                raise AssertionError(event)
+    assert done and len(chunks) > 1  # really streamed, in several deltas
+    return np.frombuffer(b"".join(chunks), dtype=np.int16)
+
+
+def assert_pcm_close(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape
+    assert np.abs(a.astype(np.int32) - b.astype(np.int32)).max() <= 2
+
+
+def test_wav_is_22050_hz_mono_with_one_frame_per_1764_samples(server):
+    data, rate = wav_samples(speech(server, input=TEXT, voice="katie", seed=1))
+    assert rate == SAMPLE_RATE == 22050
+    assert data.ndim == 1
+    assert len(data) == FRAMES * SAMPLES_PER_FRAME
+    assert np.abs(data).max() > 0
+
+
+def test_voices_come_from_the_checkpoint(server, tiny_parallel):
+    voices = httpx.get(f"{server.base_url}/v1/audio/voices").json()["voices"]
+    settings = KaniTTSSettings.from_hf_config(AutoConfig.from_pretrained(tiny_parallel))
+    assert sorted(voices) == sorted(settings.speakers)
+    # OpenAI names are accepted and speak with the default speaker: same audio as naming it.
+    alloy, _ = wav_samples(speech(server, input=TEXT, voice="alloy", temperature=0.0))
+    default, _ = wav_samples(speech(server, input=TEXT, voice=settings.default_speaker, temperature=0.0))
+    np.testing.assert_array_equal(alloy, default)
+    other, _ = wav_samples(speech(server, input=TEXT, voice="leo", temperature=0.0))
+    assert not np.array_equal(other, default)
+
+
+def test_streaming_equals_non_streaming_and_an_offline_decode_of_the_reference_frames(server, tiny_parallel):
+    """Greedy, so the frames are the transformers reference's; the codec decodes them once, offline."""
+    body = {"input": TEXT, "voice": "katie", "temperature": 0.0, "repetition_penalty": 1.0}
+    whole, _ = wav_samples(speech(server, **body))
+    raw = raw_pcm(server, **body)
+    sse = sse_pcm(server, **body)
+    assert_pcm_close(raw, whole)
+    assert_pcm_close(sse, whole)
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_parallel)
+    prompt = tl.text_prompt_ids(tokenizer, TEXT, "katie")
+    model = ParallelHeadLfm2ForCausalLM.from_pretrained(tiny_parallel, dtype=torch.float32).eval()
+    frames = generate_frames(model, prompt, FRAMES, SamplingConfig(temperature=0.0))
+    codec = load_codec(tiny_parallel, device="cpu")
+    with torch.no_grad():
+        offline = codec.decode(frames[None])[0].numpy()
+    expected = np.clip(np.round(offline * PCM16), -PCM16 - 1, PCM16).astype(np.int16)
+    assert_pcm_close(whole, expected)
+
+
+def test_seeded_sampling_streams_the_same_audio(server):
+    body = {"input": TEXT, "seed": 42, "temperature": 0.8, "top_k": 100}
+    whole, _ = wav_samples(speech(server, **body))
+    assert_pcm_close(raw_pcm(server, **body), whole)
+    again, _ = wav_samples(speech(server, **body))
+    np.testing.assert_array_equal(again, whole)
+
+
+def test_six_concurrent_requests_each_equal_their_solo_run(server):
+    texts = [f"Request number {i} says something different, {'and more ' * i}." for i in range(6)]
+    solo = [wav_samples(speech(server, input=t, temperature=0.0))[0] for t in texts]
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda t: wav_samples(speech(server, input=t, temperature=0.0))[0], texts))
+    for i, (a, b) in enumerate(zip(solo, together, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"request {i}")
+    assert len({a.tobytes() for a in solo}) == 6
+
+
+@pytest.mark.parametrize("fmt", ["flac", "mp3", "opus", "pcm"])
+def test_formats_decode(server, fmt):
+    r = speech(server, input=TEXT, response_format=fmt, seed=3)
+    assert r.status_code == 200, r.text
+    if fmt == "pcm":
+        assert len(r.content) == 2 * FRAMES * SAMPLES_PER_FRAME
+        return
+    data, rate = sf.read(io.BytesIO(r.content))
+    # Opus cannot carry 22,050 Hz: the server resamples it to 24 kHz.
+    assert rate == (24000 if fmt == "opus" else SAMPLE_RATE)
+    assert abs(len(data) / rate - FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE) < 0.08
+
+
+def test_sample_rate_resampling_streams_exactly(server):
+    body = {"input": TEXT, "seed": 5, "sample_rate": 16000}
+    whole, rate = wav_samples(speech(server, **body))
+    assert rate == 16000
+    assert len(whole) == round(FRAMES * SAMPLES_PER_FRAME * 16000 / SAMPLE_RATE)
+    assert_pcm_close(raw_pcm(server, **body), whole)
+
+
+def test_long_input_is_spoken_in_order_as_one_stream(server):
+    text = " ".join(f"Sentence {i} keeps the story going for a little while longer, as stories do." for i in range(14))
+    segments = split_text(text, MAX_SEGMENT_CHARS)
+    assert len(segments) == 3
+    body = {"input": text, "max_new_tokens": 4, "temperature": 0.0}
+    whole, _ = wav_samples(speech(server, **body))
+    assert len(whole) == len(segments) * 4 * SAMPLES_PER_FRAME
+    assert_pcm_close(raw_pcm(server, **body), whole)
+    # The stream is the segments spoken one after another.
+    pieces = [wav_samples(speech(server, input=s, max_new_tokens=4, temperature=0.0))[0] for s in segments]
+    assert_pcm_close(whole, np.concatenate(pieces))
+
+
+def test_batch_returns_every_item(server):
+    body = {"items": [{"input": "One."}, {"input": "Two.", "voice": "leo"}, {"input": "Three."}], "max_new_tokens": 4}
+    r = httpx.post(f"{server.base_url}/v1/audio/speech/batch", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [item["index"] for item in results] == [0, 1, 2]
+    for item in results:
+        assert item["status"] == "success"
+        data, rate = sf.read(io.BytesIO(base64.b64decode(item["audio_data"])))
+        assert rate == SAMPLE_RATE and len(data) == 4 * SAMPLES_PER_FRAME
+
+
+BAD_REQUESTS = [
+    ({"input": ""}, "Input text cannot be empty"),
+    ({"input": "   \n\t"}, "Input text cannot be empty"),
+    ({"input": "x" * (MAX_INPUT_CHARS + 1)}, f"the maximum is {MAX_INPUT_CHARS}"),
+    ({"input": TEXT, "voice": "nobody"}, "Unknown voice 'nobody'. Available: andrew, katie, leo, nova_kani"),
+    ({"input": TEXT, "response_format": "aac"}, "response_format"),
+    ({"input": TEXT, "stream": True, "response_format": "flac"}, "pcm"),
+    ({"input": TEXT, "stream_format": "audio", "response_format": "mp3"}, "pcm"),
+    ({"input": TEXT, "stream": True, "speed": 1.5}, "speed"),
+    ({"input": TEXT, "max_new_tokens": 0}, "'max_new_tokens' must be >= 1"),
+    ({"input": TEXT, "max_new_tokens": 10**6}, "exceeds this model's limit"),
+    ({"input": TEXT, "temperature": -1}, "'temperature' must be >= 0"),
+    ({"input": TEXT, "top_p": 1.5}, "'top_p' must be in (0, 1]"),
+    ({"input": TEXT, "sample_rate": 12345}, "'sample_rate' 12345 is not supported"),
+    ({"input": TEXT, "response_format": "opus", "sample_rate": 22050}, "response_format 'opus' supports"),
+    ({"input": TEXT, "tempreature": 0.5}, "Unknown field(s): 'tempreature'"),
+    ({"input": TEXT, "ref_audio": "data:audio/wav;base64,AAAA"}, "'ref_audio' is not supported by Kani TTS"),
+    ({"input": TEXT, "instructions": "whisper"}, "'instructions' is not supported"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_REQUESTS, ids=[m[:30] for _, m in BAD_REQUESTS])
+def test_bad_input_is_a_4xx_with_a_message_and_the_server_keeps_serving(server, body, message):
+    r = httpx.post(f"{server.base_url}/v1/audio/speech", json={"max_new_tokens": FRAMES, **body}, timeout=120)
+    assert 400 <= r.status_code < 500, r.text
+    assert message in r.json()["error"]["message"]
+    data, _ = wav_samples(speech(server, input=TEXT, max_new_tokens=2))
+    assert len(data) == 2 * SAMPLES_PER_FRAME
+
+
+def test_malformed_json_is_a_400(server):
+    r = httpx.post(
+        f"{server.base_url}/v1/audio/speech",
+        content=b'{"input": "hi", ',
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 400
+    assert "JSON" in r.text
+
+
+def test_client_disconnect_aborts_the_request_in_both_stages(server):
+    """A stream cut after its first bytes: the engine aborts the request, which frees it in every stage."""
+    before = server.log_text()
+    got_audio = threading.Event()
+    with httpx.stream(
+        "POST",
+        f"{server.base_url}/v1/audio/speech",
+        json={"input": TEXT, "max_new_tokens": 1500, "response_format": "pcm", "stream_format": "audio"},
+        timeout=120,
+    ) as r:
+        for chunk in r.iter_bytes():
+            if chunk:
+                got_audio.set()
+                break
+    assert got_audio.is_set()
+    # The next request succeeds; by then the server has logged the abort of the first.
+    data, _ = wav_samples(speech(server, input=TEXT, max_new_tokens=3))
+    assert len(data) == 3 * SAMPLES_PER_FRAME
+    log = server.log_text()[len(before) :]
+    cancelled = re.search(r"request_id=(speech-\w+) stream=true status=cancelled", log)
+    assert cancelled, log[-3000:]
+    assert re.search(rf"\[Orchestrator\] Aborted request\(s\) \['{cancelled.group(1)}", log)
+
+
+def test_end2end_example_runs_offline(tiny_parallel, tmp_path):
+    """The offline example (vLLM-Omni's Python API) on the same tiny checkpoint."""
+    script = REPO_ROOT / "examples/offline_inference/text_to_speech/kani_tts/end2end.py"
+    args = ["--model", str(tiny_parallel), "--max-new-tokens", "6", "--out-dir", str(tmp_path)]
+    args += ["--text", "First utterance.", "--text", "Second one."]
+    run = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO_ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert re.search(r"utterance_1\.wav: 0\.48 s of audio in [\d.]+ s \(RTF [\d.]+\)", run.stdout)
+    data, rate = sf.read(tmp_path / "utterance_0.wav")
+    assert rate == SAMPLE_RATE and len(data) == 6 * SAMPLES_PER_FRAME
+
+
+@pytest.fixture(scope="module")
+def flat_server(omni_server, tiny_flattened):
+    return omni_server(tiny_flattened, DEPLOY)
+
+
+def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
+    body = {"input": TEXT, "max_new_tokens": 4 * 6 + 2, "temperature": 0.0}
+    whole, rate = wav_samples(speech(flat_server, **body))
+    # 26 tokens: six whole frames, the two codes of an unfinished seventh are dropped.
+    assert rate == SAMPLE_RATE and len(whole) == 6 * SAMPLES_PER_FRAME
+    assert_pcm_close(raw_pcm(flat_server, **body), whole)
+    assert_pcm_close(sse_pcm(flat_server, **body), whole)
