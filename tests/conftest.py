@@ -73,3 +73,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
         for server in ServeProcess.live:
             report.sections.append((f"vllm serve log ({server.base_url})", server.log_tail()))
+
+
+# Modules that share the one `vllm serve` server run last, grouped by the server they ask for, so the session
+# starts each server once: the Stage-0-only CPU-platform server, then the two-stage parallel-head server (every
+# module below uses it), and test_serving ends on the flattened server.
+SERVER_MODULE_ORDER = (
+    "test_cpu_platform.py",
+    "test_bench.py",
+    "test_clients.py",
+    "test_demo.py",
+    "test_reliability.py",
+    "test_serving.py",
+)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i + 1 for i, name in enumerate(SERVER_MODULE_ORDER)}
+    items.sort(key=lambda item: rank.get(item.path.name, 0))  # stable: file order is kept within a rank
