@@ -191,6 +191,15 @@ PLAYER_JS = r"""
     header.setUint16(34, 16, true); w(36, 'data'); header.setUint32(40, samples * 2, true);
     return new Blob([header, ...chunks], { type: 'audio/wav' });
   }
+  // Creating an AudioContext can take a second; do it on the click itself (a user gesture, so it may play), while
+  // the Speak request makes its round trip, instead of after the stream has started.
+  const warm = () => {
+    try {
+      ctx = ctx || new AudioContext();
+      if (ctx.state === 'suspended') ctx.resume();
+    } catch (e) { ctx = null; }
+  };
+  document.addEventListener('pointerdown', (e) => { if (e.target.closest('#kani-speak')) warm(); }, true);
   window.kaniStop = () => {
     if (controller) controller.abort();
     sources.forEach((s) => { try { s.stop(); } catch (e) {} });
@@ -209,10 +218,7 @@ PLAYER_JS = r"""
     show('Connecting…', '#1565c0');
     // The request goes out first; the audio output starts up while the server generates.
     const pending = fetch(new URL('kani/stream/' + jobId, window.location.href), { signal: controller.signal });
-    try {
-      ctx = ctx || new AudioContext();
-      if (ctx.state === 'suspended') await ctx.resume();
-    } catch (e) { ctx = null; }
+    warm();
     const chunks = [];
     let carry = new Uint8Array(0), next = 0, sr = 22050;
     try {
