@@ -144,8 +144,10 @@ def test_six_concurrent_requests_each_equal_their_solo_run(server):
     solo = [wav_samples(speech(server, input=t, temperature=0.0))[0] for t in texts]
     with ThreadPoolExecutor(6) as pool:
         together = list(pool.map(lambda t: wav_samples(speech(server, input=t, temperature=0.0))[0], texts))
-    for i, (a, b) in enumerate(zip(solo, together, strict=True)):
-        np.testing.assert_array_equal(a, b, err_msg=f"request {i}")
+    # Same frames: the codec decodes them in a different batch, which can move a sample by one PCM16 step
+    # (float rounding of batched convolutions); a single different code would change thousands of samples.
+    for a, b in zip(solo, together, strict=True):
+        assert_pcm_close(a, b)
     assert len({a.tobytes() for a in solo}) == 6
 
 
