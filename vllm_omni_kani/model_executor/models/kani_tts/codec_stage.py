@@ -19,6 +19,7 @@ engine for every request.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -38,7 +39,13 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     read_decoder_tensors,
     stage0_audio_settings,
 )
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEPTIVE_FIELD_FRAMES
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import check_codes
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, CodecGraphs
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
+    DEFAULT_CHUNK_FRAMES,
+    DEFAULT_INITIAL_CHUNK_FRAMES,
+)
 
 logger = init_logger(__name__)
 
@@ -46,6 +53,8 @@ logger = init_logger(__name__)
 # non-streaming path) is cut into pieces with 28 frames of context each, which is exact and keeps
 # activation memory and the set of batch shapes bounded. Connector extra: codec_decode_max_frames.
 DEFAULT_DECODE_MAX_FRAMES = 256
+# Frame buckets of the codec's CUDA graphs step by this much, up to the longest streaming window.
+GRAPH_FRAME_STEP = 8
 
 
 def _first(value: Any) -> Any:
@@ -93,6 +102,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         self.sample_rate = config.sample_rate
         extra = self._connector_extra()
         self.decode_max_frames = int(extra.get("codec_decode_max_frames", DEFAULT_DECODE_MAX_FRAMES))
+        self.graphs: CodecGraphs | None = None
 
     def _connector_extra(self) -> Mapping[str, Any]:
         connector = getattr(self.vllm_config.model_config, "stage_connector_config", None)
@@ -114,7 +124,53 @@ class KaniNanoCodecForGeneration(nn.Module):
         for _ in weights:
             pass
         load_decoder_state(self.decoder, read_decoder_tensors(self.codec_path))
+        self._capture_graphs()
         return {name for name, _ in self.named_parameters()}
+
+    def _graph_buckets(self) -> tuple[list[int], list[int]]:
+        """(batch, frames) buckets from the stage's ``additional_config``; frames default to the longest window.
+
+        ``codec_cudagraph_batch_sizes: []`` turns the graphs off. Frames: every multiple of 8 up to the longest
+        streaming window, plus the two windows that recur exactly, so they replay unpadded: the first chunk
+        (``initial_codec_chunk_frames``) and the steady one (``codec_left_context_frames + codec_chunk_frames``);
+        padding the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
+        """
+        config = getattr(self.vllm_config, "additional_config", None) or {}
+        batches = config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)
+        frames = config.get("codec_cudagraph_frames")
+        if frames is None:
+            extra = self._connector_extra()
+            initial = int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES))
+            steady = int(extra.get("codec_left_context_frames", RECEPTIVE_FIELD_FRAMES)) + int(
+                extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)
+            )
+            top = -(-max(initial, steady) // GRAPH_FRAME_STEP) * GRAPH_FRAME_STEP
+            frames = sorted({*range(GRAPH_FRAME_STEP, top + 1, GRAPH_FRAME_STEP), initial, steady})
+        return [int(b) for b in batches], [int(t) for t in frames]
+
+    def _capture_graphs(self) -> None:
+        """Capture the codec's CUDA graphs (CUDA only); a failure leaves the stage decoding eagerly."""
+        if self.decoder.device.type != "cuda":
+            return
+        batches, frames = self._graph_buckets()
+        if not batches or not frames:
+            logger.info("Kani codec stage: CUDA graphs off (codec_cudagraph_batch_sizes is empty)")
+            return
+        graphs = CodecGraphs(self.decoder, batches, frames)
+        started = time.perf_counter()
+        try:
+            count = graphs.capture()
+        except RuntimeError:
+            logger.warning("Kani codec stage: CUDA graph capture failed; decoding eagerly", exc_info=True)
+            return
+        self.graphs = graphs
+        logger.info(
+            "Kani codec stage: captured %d CUDA graphs (batch %s x frames %s) in %.1f s",
+            count,
+            graphs.batch_buckets,
+            graphs.frame_buckets,
+            time.perf_counter() - started,
+        )
 
     def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
         """Nothing to free: decoding is stateless between steps."""
@@ -162,7 +218,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         audio = [empty] * num_reqs
         if windows:
             for slot, wav in zip(
-                slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames), strict=True
+                slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames, self.graphs), strict=True
             ):
                 audio[slot] = wav
         sr = torch.tensor(self.sample_rate)

@@ -12,7 +12,7 @@ one mask at the end reproduces NeMo's zero tail.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -239,6 +239,7 @@ class NanoCodecDecoder(nn.Module):
         windows: Sequence[torch.Tensor],
         left_context_frames: Sequence[int],
         max_new_frames: int | None = None,
+        forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """Decode streaming windows ``[left context | new frames]`` in one batched call.
 
@@ -249,6 +250,8 @@ class NanoCodecDecoder(nn.Module):
         result equals the corresponding slice of a full-utterance decode.
         max_new_frames: split longer windows into pieces of this many new frames, each re-decoding
         28 frames of context (exact; bounds activation memory and the set of batch shapes).
+        forward: what decodes the padded ``[B, T, G]`` batch (default: this module; ``CodecGraphs`` replays
+        captured CUDA graphs of it).
         Returns per request a 1-D float tensor of ``(F_i - left_i)·spf`` samples, on the decoder's device.
         """
         plan = plan_pieces(windows, left_context_frames, self.config, max_new_frames)
@@ -258,7 +261,7 @@ class NanoCodecDecoder(nn.Module):
             batch = torch.zeros(len(plan), longest, self.config.num_codebooks, dtype=torch.int64)
             for row, (req, start, _, stop) in enumerate(plan):
                 batch[row, : stop - start] = windows[req][start:stop]
-            audio = self(batch.to(self.device, non_blocking=True))
+            audio = (forward or self)(batch.to(self.device, non_blocking=True))
             spf = self.samples_per_frame
             for row, (req, start, first_new, stop) in enumerate(plan):
                 out[req].append(audio[row, (first_new - start) * spf : (stop - start) * spf])

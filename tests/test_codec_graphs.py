@@ -1,0 +1,85 @@
+"""Codec CUDA graphs: bucket padding and batch slicing give the same audio as one eager decode.
+
+CUDA graphs themselves need a GPU (benchmarks/codec_graphs.py checks replay == eager there); here every
+"graph" is an eager stand-in that decodes its static input into its static output, so the padding, slicing
+and copying logic of ``CodecGraphs`` runs on the CPU exactly as it does around a real replay.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import DEFAULT_CONFIG, load_codec
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import CodecGraphs, batch_slices, round_up
+
+
+class _EagerReplay:
+    """Stands in for a captured graph: ``replay()`` recomputes the static output from the static input."""
+
+    def __init__(self, decoder, static_in: torch.Tensor, static_out: torch.Tensor) -> None:
+        self.decoder, self.static_in, self.static_out = decoder, static_in, static_out
+
+    def replay(self) -> None:
+        with torch.inference_mode():
+            self.static_out.copy_(self.decoder(self.static_in))
+
+
+def _stand_in_graphs(decoder, batches, frames) -> CodecGraphs:
+    graphs = CodecGraphs(decoder, batches, frames)
+    for b in graphs.batch_buckets:
+        for t in graphs.frame_buckets:
+            # Padding starts as valid codes from "another request", as after earlier replays.
+            static_in = torch.randint(0, DEFAULT_CONFIG.codebook_size, (b, t, 4))
+            static_out = torch.empty(b, t * decoder.samples_per_frame)
+            graphs.graphs[(b, t)] = _EagerReplay(decoder, static_in, static_out)
+            graphs.static_in[(b, t)], graphs.static_out[(b, t)] = static_in, static_out
+    return graphs
+
+
+@pytest.fixture(scope="module")
+def codec(make_ckpt):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_codec(make_ckpt("parallel"))
+    torch.set_num_threads(threads)
+
+
+def test_bucket_helpers():
+    assert [round_up(v, [8, 16, 24]) for v in (1, 8, 9, 24, 25)] == [8, 8, 16, 24, None]
+    assert batch_slices(5, 2) == [(0, 2), (2, 4), (4, 5)]
+    assert batch_slices(2, 4) == [(0, 2)]
+
+
+def test_padded_replay_equals_eager_decode(codec):
+    """3 rows of 5 and 11 frames: padded to buckets (2 rows + 1 row of 8 or 16 frames), same kept samples."""
+    graphs = _stand_in_graphs(codec, [1, 2], [8, 16])
+    gen = torch.Generator().manual_seed(0)
+    for frames in (5, 11):
+        codes = torch.randint(0, DEFAULT_CONFIG.codebook_size, (3, frames, 4), generator=gen)
+        with torch.inference_mode():
+            expected = codec(codes)
+            got = graphs(codes)
+        assert got.shape == expected.shape == (3, frames * codec.samples_per_frame)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    assert graphs.replays == 4 and graphs.eager_calls == 0
+
+
+def test_long_windows_fall_back_to_eager(codec):
+    graphs = _stand_in_graphs(codec, [1], [8])
+    codes = torch.randint(0, DEFAULT_CONFIG.codebook_size, (1, 9, 4))
+    with torch.inference_mode():
+        torch.testing.assert_close(graphs(codes), codec(codes), atol=0, rtol=0)
+    assert graphs.eager_calls == 1 and graphs.replays == 0
+
+
+def test_decode_windows_through_graphs(codec):
+    """The streaming entry point with ``forward=graphs``: windows with left context, as Stage 1 gets them."""
+    graphs = _stand_in_graphs(codec, [1, 2, 4], [8, 16, 24, 32, 40, 48])
+    gen = torch.Generator().manual_seed(1)
+    windows = [torch.randint(0, DEFAULT_CONFIG.codebook_size, (f, 4), generator=gen) for f in (3, 19, 44)]
+    lefts = [0, 3, 28]
+    eager = codec.decode_windows(windows, lefts)
+    replayed = codec.decode_windows(windows, lefts, forward=graphs)
+    for a, b in zip(replayed, eager, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

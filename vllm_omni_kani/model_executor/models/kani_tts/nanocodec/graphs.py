@@ -1,0 +1,102 @@
+"""CUDA graphs of the NanoCodec decoder, one per (batch, frames) bucket, with an eager fallback.
+
+A decode of a few frames is ~600 small kernels, so at batch 1 the GPU mostly waits for launches; replaying a
+captured graph removes that wait. Inputs are padded up to the nearest bucket: rows are independent and every
+layer is causal, so padded rows and frames never reach a kept sample (frames past a row's length are decoded
+and dropped by the caller, exactly as in an eager right-padded batch). Batches larger than the largest batch
+bucket are decoded in slices of it; windows longer than the largest frame bucket run eagerly.
+
+Graphs are captured once, largest first, in one memory pool; the static input keeps valid codes (zeros or a
+previous request's) in its padding, so a replay never indexes out of the FSQ table.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import NanoCodecDecoder
+
+# Streaming windows are [left context (<= 28) | new frames (initial 3, then 16)]: up to 44 frames; 48 covers
+# them with 8-frame steps (a padded frame costs ~1/40 of a window, a graph ~0.3 s to capture).
+DEFAULT_FRAME_BUCKETS = (8, 16, 24, 32, 40, 48)
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def round_up(value: int, buckets: Sequence[int]) -> int | None:
+    """Smallest bucket >= value, or None when value is larger than every bucket (buckets sorted)."""
+    i = bisect.bisect_left(buckets, value)
+    return buckets[i] if i < len(buckets) else None
+
+
+def batch_slices(batch: int, max_batch: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` row ranges of at most ``max_batch`` rows covering ``batch`` rows."""
+    return [(s, min(s + max_batch, batch)) for s in range(0, batch, max_batch)]
+
+
+class CodecGraphs:
+    """Replays captured decodes of ``decoder.forward`` for ``[B, T, G]`` codes; eager where no bucket fits."""
+
+    def __init__(
+        self,
+        decoder: NanoCodecDecoder,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        frame_buckets: Sequence[int] = DEFAULT_FRAME_BUCKETS,
+    ) -> None:
+        self.decoder = decoder
+        self.batch_buckets = sorted({int(b) for b in batch_buckets if int(b) > 0})
+        self.frame_buckets = sorted({int(t) for t in frame_buckets if int(t) > 0})
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.static_in: dict[tuple[int, int], torch.Tensor] = {}
+        self.static_out: dict[tuple[int, int], torch.Tensor] = {}
+        self.replays = 0
+        self.eager_calls = 0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.graphs)
+
+    @torch.inference_mode()
+    def capture(self) -> int:
+        """Capture every bucket on the decoder's CUDA device (no-op elsewhere); returns the number captured."""
+        device = self.decoder.device
+        if device.type != "cuda" or not self.batch_buckets or not self.frame_buckets:
+            return 0
+        groups = self.decoder.config.num_codebooks
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for b in reversed(self.batch_buckets):
+                for t in reversed(self.frame_buckets):
+                    codes = torch.zeros(b, t, groups, dtype=torch.int64, device=device)
+                    self.decoder(codes)  # warm-up: cuDNN picks its algorithms outside the capture
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        out = self.decoder(codes)
+                    self.graphs[(b, t)] = graph
+                    self.static_in[(b, t)] = codes
+                    self.static_out[(b, t)] = out
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        return len(self.graphs)
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, T, G]`` int64 codes on the decoder's device → ``[B, T·spf]`` audio (a fresh tensor)."""
+        batch, frames = codes.shape[0], codes.shape[1]
+        t_bucket = round_up(frames, self.frame_buckets) if self.graphs else None
+        if t_bucket is None:
+            self.eager_calls += 1
+            return self.decoder(codes)
+        spf = self.decoder.samples_per_frame
+        out = torch.empty(batch, frames * spf, dtype=self.decoder.dtype, device=codes.device)
+        for start, stop in batch_slices(batch, self.batch_buckets[-1]):
+            rows = stop - start
+            key = (round_up(rows, self.batch_buckets), t_bucket)
+            self.static_in[key][:rows, :frames].copy_(codes[start:stop])
+            self.graphs[key].replay()
+            out[start:stop].copy_(self.static_out[key][:rows, : frames * spf])
+            self.replays += 1
+        return out
