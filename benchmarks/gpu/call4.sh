@@ -2,6 +2,7 @@
 # GPU call 4 (a fresh machine, after staging): checkpoints, then four servers (vLLM-Omni serializes stage
 # initialisation on one GPU, so four start in about the time of their stage inits in a row), each swept alone:
 # the shipped kani_tts.yaml, the flattened baseline on it, Stage 0 eager + codec eager, and async scheduling off.
+# As run, only the first became healthy within 330 s: start servers in sequence instead.
 source benchmarks/gpu/common.sh
 step ckpt-par 120 python3 -m vllm_omni_kani.tools.make_checkpoint "$CK/par" --preset 350m --variant parallel --force &
 step ckpt-flat 120 python3 -m vllm_omni_kani.tools.make_checkpoint "$CK/flat" --preset 350m --variant flattened --force &
