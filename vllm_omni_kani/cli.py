@@ -1,10 +1,11 @@
-"""The ``vllm-omni-kani`` command: checkpoint factory and (later) benchmarks."""
+"""The ``vllm-omni-kani`` command: checkpoint factory and benchmarks."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from vllm_omni_kani.benchmarks import bench_tts
 from vllm_omni_kani.tools import make_checkpoint
 
 
@@ -14,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     mk = sub.add_parser("make-checkpoint", help="write a random-weight Kani checkpoint")
     make_checkpoint.add_arguments(mk)
     mk.set_defaults(func=make_checkpoint.run)
+    bench = sub.add_parser("bench", help="stream speech from a running server at several concurrencies; baselines")
+    bench_tts.add_arguments(bench)
+    bench.set_defaults(func=bench_tts.run)
     args = parser.parse_args(argv)
     return args.func(args)
 

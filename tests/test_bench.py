@@ -1,0 +1,66 @@
+"""`vllm-omni-kani bench` against the real CPU server: one tiny level, and a report a reader can use.
+
+Numbers on a 2-core box say nothing about speed (targets live in docs/BENCHMARKS.md); this checks that the same
+code that measures the GPU runs end to end and writes every field, table and plot it promises.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_omni_kani.benchmarks import report
+from vllm_omni_kani.benchmarks.bench_tts import SAMPLES_PER_FRAME, percentile
+from vllm_omni_kani.cli import main
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE
+
+# The serving tests' server (same checkpoint and YAML), so the session starts it once.
+DEPLOY = "kani_tts_cpu.yaml"
+FRAMES = 8
+LEVEL_KEYS = {
+    "concurrency",
+    "requests",
+    "ok",
+    "errors",
+    "wall_s",
+    "ttfa_ms_p50",
+    "ttfa_ms_p90",
+    "ttfa_ms_p95",
+    "rtf_p50",
+    "rtf_p95",
+    "audio_s_total",
+    "realtime_x",
+    "frames_per_s",
+}
+
+pytestmark = pytest.mark.server
+
+
+def test_percentile_interpolates():
+    assert percentile([], 50) is None
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
+
+
+def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_path):
+    server = omni_server(tiny_parallel, DEPLOY)
+    argv = ["bench", "--url", server.base_url, "--model", server.model, "--label", "cpu", "--concurrency", "2"]
+    argv += ["--requests", "2", "--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path)]
+    assert main(argv) == 0
+
+    result = json.loads((tmp_path / "cpu.json").read_text())
+    assert result["kind"] == "serve" and result["config"]["tokens_per_frame"] == 1
+    assert result["meta"]["device"] and "vllm-omni" in result["meta"]["versions"]
+    (level,) = result["levels"]
+    assert set(level) >= LEVEL_KEYS
+    assert (level["concurrency"], level["requests"], level["ok"], level["errors"]) == (2, 2, 2, 0)
+    # Random weights may end speech early, never late: at most FRAMES frames of PCM per request.
+    assert 0 < level["audio_s_total"] <= 2 * FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
+    assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p90"] <= level["ttfa_ms_p95"]
+    assert level["rtf_p50"] > 0 and level["realtime_x"] > 0 and level["frames_per_s"] > 0
+
+    markdown = (tmp_path / report.REPORT_MD).read_text()
+    assert "| concurrency |" in markdown and "\n| 2 | 2 | 0 |" in markdown
+    assert (tmp_path / report.REPORT_PNG).stat().st_size > 1000
+    assert f"]({report.REPORT_PNG})" in markdown
