@@ -161,3 +161,23 @@ def test_codec_disagreeing_with_stage0_refuses_to_start(ckpt, tmp_path):
         KaniConfigError, match=r"codec sample_rate=22050 but Stage 0 \(kani_tts.sample_rate\) expects 24000"
     ):
         KaniNanoCodecForGeneration(vllm_config=vllm_config_for(other))
+
+
+def test_graph_frame_buckets_hold_every_recurring_window():
+    """CUDA-graph frame buckets: multiples of 8 up to the longest window, plus each recurring window exactly."""
+    from types import SimpleNamespace
+
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
+    from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
+
+    def frame_buckets(extra, additional=None):
+        fake = SimpleNamespace(
+            vllm_config=SimpleNamespace(additional_config=additional or {}), chunk_policy=ChunkPolicy.from_extra(extra)
+        )
+        return KaniNanoCodecForGeneration._graph_buckets(fake)[1]
+
+    assert frame_buckets({}) == [3, 8, 16, 24, 32, 40, 44, 48]  # no ramp: first chunk 3, steady 28 + 16
+    assert frame_buckets({"codec_chunk_frames": 64}) == [3, *range(8, 96, 8), 92, 96]
+    ramp = frame_buckets({"codec_chunk_frames": 16, "max_codec_chunk_frames": 64})
+    assert ramp == sorted({3, 44, 60, 92, *range(8, 97, 8)})
+    assert frame_buckets({}, {"codec_cudagraph_frames": [44]}) == [44]  # explicit buckets win

@@ -17,7 +17,11 @@ from safetensors.torch import load_file, save_file
 from tests.conftest import REPO_ROOT
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, generate_frames
-from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import frames_from_parallel_output
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
+    ChunkPolicy,
+    FrameStream,
+    frames_from_parallel_output,
+)
 
 LM_ONLY_YAML = REPO_ROOT / "stage_configs" / "kani_tts_lm_cpu.yaml"
 STEPS = 64
@@ -178,3 +182,80 @@ def test_wrong_config_is_rejected_with_an_actionable_message(tiny_parallel, chan
         setattr(cfg, key, value)
     with pytest.raises(KaniConfigError, match=message):
         KaniTTSSettings.from_hf_config(cfg)
+
+
+# -- codec chunking (pure Python: chunk rules on plain frame lists, no engine) --------------------
+
+
+def test_chunk_sizes_default_to_no_ramp():
+    for policy in (ChunkPolicy(), ChunkPolicy.from_extra({}), ChunkPolicy.from_extra({"max_codec_chunk_frames": 16})):
+        assert [policy.chunk_size(k) for k in range(6)] == [3, 16, 16, 16, 16, 16]
+        assert policy.ramp_sizes() == [16]
+        assert policy.recurring_windows() == [3, 44]
+
+
+def test_chunk_ramp_doubles_up_to_the_cap():
+    policy = ChunkPolicy.from_extra(
+        {"initial_codec_chunk_frames": 3, "codec_chunk_frames": 16, "max_codec_chunk_frames": 64}
+    )
+    assert [policy.chunk_size(k) for k in range(7)] == [3, 16, 32, 64, 64, 64, 64]
+    assert policy.chunk_size(10_000) == 64
+    assert policy.ramp_sizes() == [16, 32, 64]
+    assert policy.recurring_windows() == [3, 44, 60, 92]
+    # A cap that is not a power-of-two multiple is reached exactly.
+    capped = ChunkPolicy(chunk_frames=16, max_chunk_frames=40)
+    assert [capped.chunk_size(k) for k in range(1, 6)] == [16, 32, 40, 40, 40]
+    assert capped.ramp_sizes() == [16, 32, 40]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            {"codec_chunk_frames": 16, "max_codec_chunk_frames": 8},
+            "max_codec_chunk_frames=8 must be >= codec_chunk_frames=16",
+        ),
+        ({"codec_chunk_frames": 0}, "codec_chunk_frames=0"),
+    ],
+)
+def test_chunk_policy_rejects_bad_knobs_naming_them(extra, message):
+    with pytest.raises(ValueError, match=message):
+        ChunkPolicy.from_extra(extra)
+
+
+@pytest.mark.parametrize("max_chunk", [None, 16, 40, 64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_chunk_stream_covers_every_frame_once_with_bounded_context(max_chunk, seed):
+    """Frames arrive a few per producer call; the chunks' new frames are all frames, in order, each once,
+    every window's left context is the frames just before it (at most 28), and only the last is final."""
+    rng = np.random.default_rng(seed)
+    total = int(rng.integers(150, 400))
+    codes = rng.integers(0, tl.CODEBOOK_SIZE, size=(total, tl.NUM_CODEBOOKS))
+    frames = codes.tolist()
+    policy = ChunkPolicy(max_chunk_frames=max_chunk)
+    stream = FrameStream("parallel")
+    chunks = []
+    while len(stream.frames) < total:
+        stream.frames.extend(frames[len(stream.frames) : len(stream.frames) + int(rng.integers(1, 8))])
+        finished = len(stream.frames) == total
+        chunk = stream.next_chunk(policy, finished)
+        if chunk is not None:
+            chunks.append(chunk)
+    new = np.concatenate([c.window[c.left_context :] for c in chunks])
+    np.testing.assert_array_equal(new, codes)
+    sent = 0
+    for k, chunk in enumerate(chunks):
+        assert chunk.left_context == min(policy.left_context_frames, sent) <= 28
+        np.testing.assert_array_equal(chunk.window[: chunk.left_context], codes[sent - chunk.left_context : sent])
+        if not chunk.finished:  # a non-final chunk sends whole multiples of its ramp size
+            assert chunk.new_frames % policy.chunk_size(k) == 0
+        sent += chunk.new_frames
+    assert [c.finished for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    # Frames arriving one at a time: every non-final window is one of the recurring sizes once context is full.
+    step_stream, windows = FrameStream("parallel"), []
+    for i in range(total):
+        step_stream.frames.append(frames[i])
+        chunk = step_stream.next_chunk(policy, i == total - 1)
+        if chunk is not None and not chunk.finished and chunk.left_context == policy.left_context_frames:
+            windows.append(len(chunk.window))
+    assert windows and set(windows) <= set(policy.recurring_windows())

@@ -26,11 +26,18 @@ DEFAULT_CHUNK_FRAMES = 16
 
 @dataclass(frozen=True)
 class ChunkPolicy:
-    """How many frames each chunk carries; every field is a deploy-YAML connector knob."""
+    """How many frames each chunk carries; every field is a deploy-YAML connector knob.
+
+    Chunk 0 carries ``initial_chunk_frames``; chunk ``k >= 1`` carries
+    ``min(chunk_frames * 2**(k-1), max_chunk_frames)`` (a ramp: 16, 32, 64, ...). With
+    ``max_chunk_frames == chunk_frames`` (the default) every later chunk is ``chunk_frames``.
+    """
 
     initial_chunk_frames: int = DEFAULT_INITIAL_CHUNK_FRAMES
     chunk_frames: int = DEFAULT_CHUNK_FRAMES
     left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES
+    # None: no ramp (every chunk after the first is chunk_frames).
+    max_chunk_frames: int | None = None
 
     def __post_init__(self) -> None:
         if self.initial_chunk_frames <= 0 or self.chunk_frames <= 0 or self.left_context_frames < 0:
@@ -39,15 +46,52 @@ class ChunkPolicy:
                 f"codec_chunk_frames={self.chunk_frames} (both must be > 0), "
                 f"codec_left_context_frames={self.left_context_frames} (must be >= 0)"
             )
+        if self.max_chunk_frames is not None and self.max_chunk_frames < self.chunk_frames:
+            raise ValueError(
+                f"invalid codec chunking: max_codec_chunk_frames={self.max_chunk_frames} must be >= "
+                f"codec_chunk_frames={self.chunk_frames} (leave it out for no ramp)"
+            )
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ChunkPolicy:
-        """Read ``codec_chunk_frames`` / ``initial_codec_chunk_frames`` / ``codec_left_context_frames``."""
+        """Read ``codec_chunk_frames`` / ``initial_codec_chunk_frames`` / ``codec_left_context_frames`` /
+        ``max_codec_chunk_frames`` (default: ``codec_chunk_frames``, no ramp)."""
+        ramp_max = extra.get("max_codec_chunk_frames")
         return cls(
             initial_chunk_frames=int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES)),
             chunk_frames=int(extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)),
             left_context_frames=int(extra.get("codec_left_context_frames", DEFAULT_LEFT_CONTEXT_FRAMES)),
+            max_chunk_frames=None if ramp_max is None else int(ramp_max),
         )
+
+    @property
+    def ramp_max(self) -> int:
+        """``max_chunk_frames`` as set, else ``chunk_frames`` (no ramp)."""
+        return self.chunk_frames if self.max_chunk_frames is None else self.max_chunk_frames
+
+    def chunk_size(self, index: int) -> int:
+        """New frames of chunk ``index`` (0 = the first chunk)."""
+        if index <= 0:
+            return self.initial_chunk_frames
+        size = self.chunk_frames
+        for _ in range(index - 1):
+            if size >= self.ramp_max:
+                break
+            size *= 2
+        return min(size, self.ramp_max)
+
+    def ramp_sizes(self) -> list[int]:
+        """The distinct sizes of chunks 1, 2, ...: ``chunk_frames`` doubling up to ``max_chunk_frames``."""
+        sizes = [self.chunk_frames]
+        while sizes[-1] < self.ramp_max:
+            sizes.append(min(sizes[-1] * 2, self.ramp_max))
+        return sizes
+
+    def recurring_windows(self) -> list[int]:
+        """Window lengths (context + new frames) every long stream sends: the first chunk, and
+        ``left_context_frames + size`` for each ramp size once the context is full. The codec's CUDA
+        graphs capture these exactly so the common windows replay unpadded."""
+        return sorted({self.initial_chunk_frames, *(self.left_context_frames + n for n in self.ramp_sizes())})
 
 
 @dataclass
@@ -110,10 +154,11 @@ class FrameStream:
         """The next window to decode, or None until enough new frames exist.
 
         The first chunk is small (``initial_chunk_frames``) for a fast first sound, later ones
-        ``chunk_frames``; when the request is finished every remaining frame goes out.
+        ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
+        is finished every remaining frame goes out.
         """
         pending = len(self.frames) - self.sent
-        target = policy.initial_chunk_frames if self.chunks == 0 else policy.chunk_frames
+        target = policy.chunk_size(self.chunks)
         if pending <= 0 or (not finished and pending < target):
             return None
         end = len(self.frames) if finished else self.sent + target * (pending // target)

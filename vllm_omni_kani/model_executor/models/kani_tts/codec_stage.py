@@ -39,13 +39,9 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     read_decoder_tensors,
     stage0_audio_settings,
 )
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEPTIVE_FIELD_FRAMES
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import check_codes
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, CodecGraphs
-from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
-    DEFAULT_CHUNK_FRAMES,
-    DEFAULT_INITIAL_CHUNK_FRAMES,
-)
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
 
 logger = init_logger(__name__)
 
@@ -102,6 +98,8 @@ class KaniNanoCodecForGeneration(nn.Module):
         self.sample_rate = config.sample_rate
         extra = self._connector_extra()
         self.decode_max_frames = int(extra.get("codec_decode_max_frames", DEFAULT_DECODE_MAX_FRAMES))
+        # The chunking Stage 0 will send (a bad combination of knobs fails here, at load).
+        self.chunk_policy = ChunkPolicy.from_extra(extra)
         self.graphs: CodecGraphs | None = None
 
     def _connector_extra(self) -> Mapping[str, Any]:
@@ -131,21 +129,18 @@ class KaniNanoCodecForGeneration(nn.Module):
         """(batch, frames) buckets from the stage's ``additional_config``; frames default to the longest window.
 
         ``codec_cudagraph_batch_sizes: []`` turns the graphs off. Frames: every multiple of 8 up to the longest
-        streaming window, plus the two windows that recur exactly, so they replay unpadded: the first chunk
-        (``initial_codec_chunk_frames``) and the steady one (``codec_left_context_frames + codec_chunk_frames``);
-        padding the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
+        streaming window, plus the windows that recur exactly (``ChunkPolicy.recurring_windows``), so they replay
+        unpadded: the first chunk (``initial_codec_chunk_frames``) and ``codec_left_context_frames`` + each steady
+        chunk size (``codec_chunk_frames``, and with a ramp every size up to ``max_codec_chunk_frames``); padding
+        the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
         """
         config = getattr(self.vllm_config, "additional_config", None) or {}
         batches = config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)
         frames = config.get("codec_cudagraph_frames")
         if frames is None:
-            extra = self._connector_extra()
-            initial = int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES))
-            steady = int(extra.get("codec_left_context_frames", RECEPTIVE_FIELD_FRAMES)) + int(
-                extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)
-            )
-            top = -(-max(initial, steady) // GRAPH_FRAME_STEP) * GRAPH_FRAME_STEP
-            frames = sorted({*range(GRAPH_FRAME_STEP, top + 1, GRAPH_FRAME_STEP), initial, steady})
+            windows = self.chunk_policy.recurring_windows()
+            top = -(-max(windows) // GRAPH_FRAME_STEP) * GRAPH_FRAME_STEP
+            frames = sorted({*range(GRAPH_FRAME_STEP, top + 1, GRAPH_FRAME_STEP), *windows})
         return [int(b) for b in batches], [int(t) for t in frames]
 
     def _capture_graphs(self) -> None:
