@@ -40,6 +40,14 @@ def environment() -> dict[str, Any]:
     return {"device": gpu or f"CPU ({platform.processor() or platform.machine()})", "versions": versions}
 
 
+def device_label(device: str) -> str:
+    """One line for nvidia-smi's one-line-per-GPU answer: ``2 × NVIDIA H200, 580.159.04`` for two equal GPUs."""
+    gpus = [line.strip() for line in str(device).splitlines() if line.strip()]
+    if len(gpus) > 1 and len(set(gpus)) == 1:
+        return f"{len(gpus)} × {gpus[0]}"
+    return "; ".join(gpus)
+
+
 def write_result(out: Path, label: str, result: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{label}.json"
@@ -150,7 +158,7 @@ def render(out: Path) -> Path:
     metas = {json.dumps(r["meta"], sort_keys=True) for r in results if r.get("meta")}
     for meta in sorted(metas):
         m = json.loads(meta)
-        lines.append(f"- device: {m.get('device', '?')}; versions: {m.get('versions', {})}")
+        lines.append(f"- device: {device_label(m.get('device', '?'))}; versions: {m.get('versions', {})}")
     lines.append("")
     for r in results:
         if r["kind"] == "serve":
@@ -201,7 +209,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> bool:
     lat.set_yscale("log")
     thr.set_ylabel("audio seconds per wall second")
     thr.set_yscale("log")
-    device = serves[0].get("meta", {}).get("device", "")
+    devices = dict.fromkeys(device_label(r.get("meta", {}).get("device", "")) for r in serves)
+    device = " | ".join(d for d in devices if d)
     fig.suptitle(f"Kani TTS streaming: {device}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
