@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from vllm.v1.request import RequestStatus
 from vllm_omni.data_entry_keys import CodesStruct, MetaStruct, OmniPayloadStruct
 from vllm_omni.inputs.data import OmniTokensPrompt
 
@@ -36,6 +37,10 @@ _STATE_KEY = "kani_tts"
 # Sweep aborted requests' state once every this many producer calls (amortised O(1) per call).
 _SWEEP_EVERY = 64
 _calls = itertools.count()
+# Finish states after which vLLM-Omni makes no terminal producer call, so only the sweep can free the state.
+_ENDED_WITHOUT_TERMINAL_CALL = frozenset(
+    {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED}
+)
 
 
 def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
@@ -53,9 +58,14 @@ def _step_codes(multimodal_output: Mapping[str, Any] | None) -> np.ndarray | Non
 
 
 def _sweep_aborted(payloads: dict[str, Any], keep: str) -> None:
+    """Drop the state of requests that ended without a terminal producer call (aborted, errored).
+
+    A request that finished normally still has its terminal call queued (the save thread may run behind the
+    engine), and the connector drops its state after that call; sweeping it here would lose its last frames.
+    """
     for ext_id in [k for k, v in payloads.items() if k != keep and isinstance(v, dict) and _STATE_KEY in v]:
         request = payloads[ext_id].get("request")
-        if request is not None and request.is_finished():
+        if request is not None and request.status in _ENDED_WITHOUT_TERMINAL_CALL:
             payloads.pop(ext_id, None)
 
 
@@ -95,7 +105,9 @@ def _async_chunk(
     if variant == "parallel":
         stream.add_step_codes(_step_codes(multimodal_output))
     stream.add_tokens(list(request.output_token_ids))
-    finished = bool(is_finished or request.is_finished())
+    # Only the flag captured with this step: the save thread may run behind the engine, and a live
+    # request.is_finished() would close the stream before the codes of the last steps have arrived.
+    finished = bool(is_finished)
     chunk = stream.next_chunk(entry["policy"], finished)
     if finished and stream.variant == "flattened" and (stream.assembler.pending or stream.assembler.invalid):
         logger.warning(
