@@ -15,7 +15,6 @@ when the response has ended, whatever ended it (completion, error, client discon
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -88,8 +87,12 @@ class ActiveSpeech:
         own task's cancellation, which closes it.
         """
         for gen in self.outputs:
-            with contextlib.suppress(RuntimeError):  # "already running": its task is unwinding it
+            try:
                 await gen.aclose()
+            except RuntimeError:  # "already running": its own task is unwinding it
+                pass
+            except Exception:  # the slot must still be released: log, never raise from here
+                logger.warning("speech request %s: closing its output failed", self.request_id, exc_info=True)
         self.outputs.clear()
 
     @property
