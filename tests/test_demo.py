@@ -42,7 +42,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 DEPLOY = "kani_tts_cpu.yaml"  # the same server as tests/test_serving.py and tests/test_clients.py
-FRAMES = 40  # four codec chunks (3 + 16 + 16 + 5 frames): the browser sees audio before the stream ends
+# 15 codec chunks, ~2 s of generation on 2 cores: longer than the browser takes to read its first bytes, so it
+# sees audio before the stream ends even on a loaded machine (40 frames took 0.26 s and arrived as one read).
+FRAMES = 240
 SAMPLES_PER_FRAME = 1764
 TEXT = "Hello from the browser. This sentence is spoken while it is generated."
 
@@ -152,6 +154,9 @@ def test_speak_streams_into_the_page_and_offers_the_result_for_download(server, 
     assert pick_voice(page, "katie") == voices
     page.fill("#kani-text textarea", TEXT)
     page.fill("#kani-max-new-tokens input", str(FRAMES))
+    # Greedy: the factory model then never ends early, so the length is exact.
+    page.fill("#kani-temperature input[type=number]", "0")
+    page.press("#kani-temperature input[type=number]", "Enter")
     page.click("#kani-speak")
 
     page.wait_for_function("() => window.kaniLast && window.kaniLast.doneMs !== null", timeout=180_000)
@@ -175,7 +180,7 @@ def test_speak_streams_into_the_page_and_offers_the_result_for_download(server, 
     assert audio["duration"] == pytest.approx(FRAMES * SAMPLES_PER_FRAME / 22050, abs=0.01)
 
     page.wait_for_function("() => document.querySelector('#kani-status').innerText.includes('Done')")
-    assert "3.20 s of audio" in status_text(page)
+    assert f"{FRAMES * SAMPLES_PER_FRAME / 22050:.2f} s of audio" in status_text(page)
     download_button = page.locator("#kani-download")
     download_button.wait_for(state="visible")
     with page.expect_download() as info:

@@ -445,7 +445,9 @@ class KaniDemo:
                         refresh = gr.Button("↻ Voices", scale=1, size="sm")
                     with gr.Accordion("Sampling", open=True):
                         with gr.Row():
-                            temperature = gr.Slider(0.0, 1.5, value=0.6, step=0.05, label="Temperature")
+                            temperature = gr.Slider(
+                                0.0, 1.5, value=0.6, step=0.05, label="Temperature", elem_id="kani-temperature"
+                            )
                             top_p = gr.Slider(0.05, 1.0, value=0.95, step=0.05, label="Top-p")
                         with gr.Row():
                             top_k = gr.Number(value=-1, precision=0, label="Top-k (-1 = off)")
