@@ -311,6 +311,7 @@ def test_past_the_limit_503_arrives_at_once_while_admitted_requests_complete(ser
     """
     limit = int(metric(server, LIMIT))
     running = limit // 4  # kani_tts_cpu.yaml: max_num_seqs 8, queue factor 4
+    wait_for(lambda: metric(server, ACTIVE) == 0, 30)  # earlier tests' requests all released
     rejected_before = metric(server, "kani:speech_requests_rejected_total", reason="overloaded")
     bodies = [{"input": text, "max_new_tokens": ADMITTED_FRAMES, "temperature": 0.0} for text in ADMITTED_TEXTS]
     solo = [pcm_of(speech(server, **body)) for body in bodies]
@@ -325,7 +326,10 @@ def test_past_the_limit_503_arrives_at_once_while_admitted_requests_complete(ser
             assert stream.status_code == 200 and next(reader)
         queued = [pool.submit(speech, server, **bodies[i % 4]) for i in range(limit - running)]
         wait_for(lambda: metric(server, ACTIVE) == limit, 120)
-        assert metric(server, "kani:speech_requests_queued") == limit - running
+        # Both gauges from one scrape, so they describe the same moment.
+        scrape = metrics_text(server)
+        assert sample_value(scrape, ACTIVE) == limit
+        assert sample_value(scrape, "kani:speech_requests_queued") == limit - running
         latencies, probes = [], []
         client.get(f"{server.base_url}/health")  # a warm connection: time the server, not the TCP handshake
         for _ in range(3):
