@@ -23,6 +23,8 @@ from typing import ClassVar
 import httpx
 import psutil
 
+from vllm_omni_kani.benchmarks.server import serve_argv
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STAGE_CONFIGS = REPO_ROOT / "stage_configs"
 
@@ -97,21 +99,7 @@ class ServeProcess:
         port = free_port()
         self.model = str(ckpt)
         self.base_url = f"http://127.0.0.1:{port}"
-        self.argv = [
-            vllm_executable(),
-            "serve",
-            self.model,
-            "--omni",
-            "--deploy-config",
-            str(deploy),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--stage-init-timeout",
-            str(int(timeout_s)),
-            *extra_args,
-        ]
+        self.argv = serve_argv([vllm_executable()], self.model, str(deploy), port, timeout_s, extra_args)
         full_env = dict(os.environ)
         for key, value in {**_BASE_ENV, **(env or {})}.items():
             if value is None:

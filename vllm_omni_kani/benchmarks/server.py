@@ -31,6 +31,27 @@ def vllm_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
 
 
+def serve_argv(
+    vllm: Sequence[str], ckpt: str, deploy_config: str, port: int, timeout_s: float, extra_args: Sequence[str] = ()
+) -> list[str]:
+    """``vllm serve CKPT --omni --deploy-config YAML`` on 127.0.0.1:PORT (shared with the test suite's server)."""
+    return [
+        *vllm,
+        "serve",
+        str(ckpt),
+        "--omni",
+        "--deploy-config",
+        str(deploy_config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--stage-init-timeout",
+        str(int(timeout_s)),
+        *extra_args,
+    ]
+
+
 class Server:
     """One serve process; ``url`` once healthy, ``startup_s`` how long that took."""
 
@@ -51,21 +72,7 @@ class Server:
 
     def start(self, timeout_s: float = 900.0) -> str:
         port = free_port()
-        argv = [
-            *vllm_command(),
-            "serve",
-            self.ckpt,
-            "--omni",
-            "--deploy-config",
-            self.deploy_config,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--stage-init-timeout",
-            str(int(timeout_s)),
-            *self.extra_args,
-        ]
+        argv = serve_argv(vllm_command(), self.ckpt, self.deploy_config, port, timeout_s, self.extra_args)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.update(self.env)
