@@ -149,6 +149,8 @@ def test_every_speech_response_carries_a_request_id_that_names_the_engine_reques
     r = speech(server, input=TEXT, headers={"X-Request-Id": mine})
     assert r.status_code == 200 and r.headers["x-request-id"] == mine
     assert f"request_id=speech-{mine} stream=false status=ok" in server.log_text()
+    # The plugin's own INFO lines reach the server log (its loggers hang under vLLM's).
+    assert "speech admission: at most 32 concurrent speech requests" in server.log_text()
     # Rejected before the body is read, and the server keeps serving.
     invalid = metric(server, "kani:speech_requests_rejected_total", reason="invalid_request_id")
     r = speech(server, input=TEXT, headers={"X-Request-Id": "not valid"})

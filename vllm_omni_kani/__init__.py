@@ -26,7 +26,9 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import patch
+    from vllm_omni_kani import logger, patch
+
+    logger.route_to_vllm()
 
     patch.apply_all()
     _register_models()
