@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from vllm.v1.request import RequestStatus
 from vllm_omni.data_entry_keys import CodesStruct, MetaStruct, OmniPayloadStruct
 from vllm_omni.inputs.data import OmniTokensPrompt
 
+from vllm_omni_kani.envs import trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
     Chunk,
@@ -41,6 +43,7 @@ _calls = itertools.count()
 _ENDED_WITHOUT_TERMINAL_CALL = frozenset(
     {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED}
 )
+_TRACE = trace_chunks()
 
 
 def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
@@ -119,6 +122,17 @@ def _async_chunk(
     if chunk is None:
         # Nothing new: the connector still sends its own terminal marker on finish.
         return None
+    if _TRACE:
+        logger.info(
+            "kani trace: stage0 emit req=%s chunk=%d left=%d new=%d finished=%s frames_so_far=%d wall=%.6f",
+            ext_id,
+            stream.chunks - 1,
+            chunk.left_context,
+            chunk.new_frames,
+            chunk.finished,
+            len(stream.frames),
+            time.time(),
+        )
     return _payload(chunk, ext_id)
 
 

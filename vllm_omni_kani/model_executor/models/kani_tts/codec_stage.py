@@ -29,6 +29,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
+from vllm_omni_kani.envs import trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
@@ -101,6 +102,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         # The chunking Stage 0 will send (a bad combination of knobs fails here, at load).
         self.chunk_policy = ChunkPolicy.from_extra(extra)
         self.graphs: CodecGraphs | None = None
+        self._trace = trace_chunks()
 
     def _connector_extra(self) -> Mapping[str, Any]:
         connector = getattr(self.vllm_config.model_config, "stage_connector_config", None)
@@ -167,6 +169,19 @@ class KaniNanoCodecForGeneration(nn.Module):
             time.perf_counter() - started,
         )
 
+    def _log_step(self, started: float, windows: list[torch.Tensor], lefts: list[int]) -> None:
+        """``KANI_TRACE_CHUNKS``: one line per codec step, after its decode has finished on the device."""
+        if self.decoder.device.type == "cuda":
+            torch.cuda.synchronize(self.decoder.device)
+        logger.info(
+            "kani trace: stage1 decode windows=%s started=%.6f ms=%.2f graph_replays=%d eager_calls=%d",
+            [(int(w.shape[0]) - left, left) for w, left in zip(windows, lefts, strict=True)],
+            started,
+            (time.time() - started) * 1000,
+            self.graphs.replays if self.graphs else 0,
+            self.graphs.eager_calls if self.graphs else 0,
+        )
+
     def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
         """Nothing to free: decoding is stateless between steps."""
 
@@ -212,9 +227,12 @@ class KaniNanoCodecForGeneration(nn.Module):
         empty = torch.empty(0, dtype=torch.float32, device=self.decoder.device)
         audio = [empty] * num_reqs
         if windows:
+            started = time.time()
             for slot, wav in zip(
                 slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames, self.graphs), strict=True
             ):
                 audio[slot] = wav
+            if self._trace:
+                self._log_step(started, windows, lefts)
         sr = torch.tensor(self.sample_rate)
         return OmniOutput(text_hidden_states=None, multimodal_outputs={"model_outputs": audio, "sr": [sr] * num_reqs})
