@@ -5,8 +5,9 @@
 
 - **overload**: every admission slot is taken by a long greedy stream (its headers read, the engine busy), then
   ``--probes`` requests past the limit go out one after another on a warm connection and ``--burst`` more at once;
-  each must be a 503 with ``Retry-After``. Reports their latency (p50 / p99 / max). The holders are then cancelled
-  through ``POST /v1/audio/speech/{id}/cancel``, and the time until the active gauge reads 0 is reported.
+  each must be a 503 with ``Retry-After``; the burst goes out once on new connections and once on connections
+  opened beforehand. Reports their latency (p50 / p99 / max) and any connection that failed. The holders are then
+  cancelled through ``POST /v1/audio/speech/{id}/cancel``, and the time until the active gauge reads 0 is reported.
 - **abort**: ``--streams`` long streams are cut by their clients at random points; reports the time from the last
   cut until the active gauge reads 0, and then that a normal request succeeds.
 
@@ -71,21 +72,28 @@ async def overload(base: str, probes: int, burst: int) -> dict:
         assert all(h.status_code == 200 for h in holders)
         await wait_gauge(client, base, "kani:speech_requests_active", limit, 60)
 
-        latencies, statuses = [], []
-        await client.get(base + "/health")
-        for _ in range(probes):
-            start = time.perf_counter()
-            r = await client.post(base + "/v1/audio/speech", json={"input": "One more, please."})
-            latencies.append(time.perf_counter() - start)
-            statuses.append((r.status_code, r.headers.get("retry-after")))
+        latencies, statuses, errors = [], [], []
 
-        async def probe() -> float:
+        async def probe(on: httpx.AsyncClient, text: str) -> float | None:
+            """One request past the limit: its latency, or None (recorded in ``errors``) if the connection failed."""
             start = time.perf_counter()
-            r = await client.post(base + "/v1/audio/speech", json={"input": "All at once."})
+            try:
+                r = await on.post(base + "/v1/audio/speech", json={"input": text})
+            except httpx.TransportError as exc:
+                errors.append({"probe": text, "after_s": round(time.perf_counter() - start, 4), "error": repr(exc)})
+                return None
             statuses.append((r.status_code, r.headers.get("retry-after")))
             return time.perf_counter() - start
 
-        burst_latencies = await asyncio.gather(*(probe() for _ in range(burst)))
+        await client.get(base + "/health")
+        for _ in range(probes):
+            latencies.append(await probe(client, "One more, please."))
+        # A burst on fresh connections (connect + request), then one on connections opened beforehand, so the
+        # second measures the server's answer rather than ``burst`` TCP handshakes on a busy host.
+        cold = await asyncio.gather(*(probe(client, "All at once.") for _ in range(burst)))
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=burst)) as warm_client:
+            await asyncio.gather(*(warm_client.get(base + "/v1/models") for _ in range(burst)))
+            warm = await asyncio.gather(*(probe(warm_client, "All at once, warm.") for _ in range(burst)))
         assert all(s == (503, "1") for s in statuses), statuses[:5]
 
         start = time.perf_counter()
@@ -96,8 +104,10 @@ async def overload(base: str, probes: int, burst: int) -> dict:
             await h.aclose()
         return {
             "limit": limit,
-            "sequential_503": summary(latencies),
-            "burst_503": summary(list(burst_latencies)),
+            "sequential_503": summary([x for x in latencies if x is not None]),
+            "burst_503_new_connections": summary([x for x in cold if x is not None]),
+            "burst_503_open_connections": summary([x for x in warm if x is not None]),
+            "connection_errors": errors,
             "cancel_all_holders_freed_s": round(freed_s, 3),
         }
 
