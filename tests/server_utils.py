@@ -109,9 +109,11 @@ class ServeProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         started = time.monotonic()
-        # A new session makes the server the leader of its own process group, which teardown signals as a whole.
+        # Its own process group, which teardown signals as a whole. Not its own session: with the kernel's
+        # scheduler autogroups a new session is a CPU group of its own, and on a 2-vCPU box that stalled the whole
+        # machine for seconds under load (docs/RELIABILITY.md); a process group leaves scheduling alone.
         self.proc = subprocess.Popen(
-            self.argv, cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv, cwd=REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, process_group=0
         )
         log.close()
         ServeProcess.live.add(self)
