@@ -78,7 +78,8 @@ class Server:
         env.update(self.env)
         started = time.monotonic()
         with self.log_path.open("wb") as log:
-            # Own process group (stop() signals it), same session: see tests/server_utils.py on autogroups.
+            # Own process group (stop() signals it), not own session: with scheduler autogroups a new session is a
+            # CPU group of its own, which stalled a 2-vCPU box for seconds under load (docs/RELIABILITY.md).
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=0)
         self.url = f"http://127.0.0.1:{port}"
         with httpx.Client(timeout=5.0) as client:

@@ -227,7 +227,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         empty = torch.empty(0, dtype=torch.float32, device=self.decoder.device)
         audio = [empty] * num_reqs
         if windows:
-            started = time.time()
+            started = time.time() if self._trace else 0.0
             for slot, wav in zip(
                 slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames, self.graphs), strict=True
             ):
