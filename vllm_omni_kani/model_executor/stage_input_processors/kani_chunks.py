@@ -5,7 +5,9 @@ vLLM-Omni's async_chunk producer lives in ``kani_tts.py``.
 
 A chunk is a window ``[left context | new frames]`` of ``[F, 4]`` codes: Stage 1 decodes the
 window and keeps only the audio of the new frames. With at least the decoder's receptive
-field of left context, streamed audio equals a single decode of all frames.
+field of left context, streamed audio equals a single decode of all frames. With a stateful
+codec (``codec_stateful_decode``) Stage 1 keeps each stream's causal state itself, so chunks
+carry no context: only their new frames and their sequence number.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class ChunkPolicy:
     left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES
     # None: no ramp (every chunk after the first is chunk_frames).
     max_chunk_frames: int | None = None
+    # Stage 1 keeps every stream's decoder state: windows carry no left context.
+    stateful: bool = False
 
     def __post_init__(self) -> None:
         if self.initial_chunk_frames <= 0 or self.chunk_frames <= 0 or self.left_context_frames < 0:
@@ -55,13 +59,17 @@ class ChunkPolicy:
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ChunkPolicy:
         """Read ``codec_chunk_frames`` / ``initial_codec_chunk_frames`` / ``codec_left_context_frames`` /
-        ``max_codec_chunk_frames`` (default: ``codec_chunk_frames``, no ramp)."""
+        ``max_codec_chunk_frames`` (default: ``codec_chunk_frames``, no ramp) / ``codec_stateful_decode``."""
         ramp_max = extra.get("max_codec_chunk_frames")
+        stateful = extra.get("codec_stateful_decode", False)
+        if not isinstance(stateful, bool):
+            raise ValueError(f"invalid codec chunking: codec_stateful_decode must be true or false, got {stateful!r}")
         return cls(
             initial_chunk_frames=int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES)),
             chunk_frames=int(extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)),
             left_context_frames=int(extra.get("codec_left_context_frames", DEFAULT_LEFT_CONTEXT_FRAMES)),
             max_chunk_frames=None if ramp_max is None else int(ramp_max),
+            stateful=stateful,
         )
 
     @property
@@ -87,11 +95,16 @@ class ChunkPolicy:
             sizes.append(min(sizes[-1] * 2, self.ramp_max))
         return sizes
 
+    @property
+    def window_context_frames(self) -> int:
+        """Left context a window carries once the stream has that many frames (0 with a stateful codec)."""
+        return 0 if self.stateful else self.left_context_frames
+
     def recurring_windows(self) -> list[int]:
         """Window lengths (context + new frames) every long stream sends: the first chunk, and
-        ``left_context_frames + size`` for each ramp size once the context is full. The codec's CUDA
+        ``window_context_frames + size`` for each ramp size once the context is full. The codec's CUDA
         graphs capture these exactly so the common windows replay unpadded."""
-        return sorted({self.initial_chunk_frames, *(self.left_context_frames + n for n in self.ramp_sizes())})
+        return sorted({self.initial_chunk_frames, *(self.window_context_frames + n for n in self.ramp_sizes())})
 
 
 @dataclass
@@ -99,6 +112,7 @@ class Chunk:
     window: np.ndarray  # [left + new, 4] int64 codes
     left_context: int  # frames at the start of ``window`` that were already decoded
     finished: bool  # the last chunk of the request
+    index: int = 0  # 0 for a stream's first chunk, then 1, 2, ...
 
     @property
     def new_frames(self) -> int:
@@ -162,11 +176,13 @@ class FrameStream:
         if pending <= 0 or (not finished and pending < target):
             return None
         end = len(self.frames) if finished else self.sent + target * (pending // target)
-        left = min(policy.left_context_frames, self.sent)
+        left = min(policy.window_context_frames, self.sent)
         window = np.asarray(self.frames[self.sent - left : end], dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)
         self.sent = end
         self.chunks += 1
-        return Chunk(window=window, left_context=left, finished=finished and end == len(self.frames))
+        return Chunk(
+            window=window, left_context=left, finished=finished and end == len(self.frames), index=self.chunks - 1
+        )
 
 
 def frames_from_parallel_output(token_ids: Sequence[int], packed_codes: np.ndarray) -> np.ndarray:

@@ -83,6 +83,8 @@ def _payload(chunk: Chunk, ext_id: str) -> OmniPayloadStruct:
             # meta.finished is consumed by the connector; stream_finished reaches the model.
             stream_finished=finished,
             left_context_size=chunk.left_context,
+            # Lets a stateful codec check that a stream's chunks arrive whole and in order.
+            chunk_seq=chunk.index,
             req_id=[ext_id],
         ),
     )

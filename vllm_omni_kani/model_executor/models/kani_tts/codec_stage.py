@@ -1,16 +1,22 @@
 """Stage 1 of Kani TTS: codec frames → 22,050 Hz audio, as a vLLM-Omni generation-stage model.
 
-Stateless window decoding: every scheduled request brings a window ``[left context | new frames]``
-of ``[F, 4]`` codes (codebook order cb1..cb4, values 0..4031) and gets back the audio of its new
-frames, ``(F - left)·1,764`` float32 samples. All windows of a step are decoded in one batched call
-(right-padded; the decoder is causal, so padding never reaches a kept sample). With at least
-``RECEPTIVE_FIELD_FRAMES`` (28) frames of left context the streamed audio equals one decode of the
-whole utterance, so nothing is kept between steps and a finished or aborted request frees nothing.
+Every scheduled request brings a window ``[left context | new frames]`` of ``[F, 4]`` codes (codebook
+order cb1..cb4, values 0..4031) and gets back the audio of its new frames, ``(F - left)·1,764`` float32
+samples. Two ways to decode it:
+
+- **Stateful streams** (connector extra ``codec_stateful_decode: true``, chunks numbered by
+  ``meta.chunk_seq``): each request keeps the causal state of every decoder layer in a slot of a
+  preallocated pool (``codec_streams.py``), so a chunk decodes only its new frames. Slots are freed
+  with a stream's last chunk, or when vLLM reports the request finished or aborted.
+- **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
+  all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
+  (28) frames of left context the streamed audio equals one decode of the whole utterance.
 
 Payload, per request (``runtime_additional_information[i]``)::
 
     {"codes": {"audio": LongTensor[F, 4]},
-     "meta": {"left_context_size": int | 0-d tensor | [int], "stream_finished": bool-ish}}
+     "meta": {"left_context_size": int | 0-d tensor | [int], "stream_finished": bool-ish,
+              "chunk_seq": int (streams only)}}
 
 A request without codes (profile or dummy run, a step without a chunk) gets an empty tensor; a
 malformed window is logged and also gets an empty tensor, because raising here would stop the
@@ -30,6 +36,7 @@ from vllm.logger import init_logger
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani.envs import trace_chunks
+from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
@@ -41,7 +48,12 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     stage0_audio_settings,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import check_codes
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, CodecGraphs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    CodecGraphs,
+    StreamingGraphs,
+)
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
 
 logger = init_logger(__name__)
@@ -52,6 +64,10 @@ logger = init_logger(__name__)
 DEFAULT_DECODE_MAX_FRAMES = 256
 # Frame buckets of the codec's CUDA graphs step by this much, up to the longest streaming window.
 GRAPH_FRAME_STEP = 8
+# State slots per Stage-1 max_num_seqs. A stream holds its slot from its first chunk to its last, also while others
+# are scheduled, and when the codec lags Stage 0 every admitted request can be mid-stream: the API server admits
+# max_num_seqs x KANI_SPEECH_QUEUE_FACTOR (default 4). Additional-config override: codec_state_slots.
+STATE_SLOTS_PER_SEQ = 4
 
 
 def _first(value: Any) -> Any:
@@ -71,9 +87,26 @@ def window_of(info: Any) -> tuple[torch.Tensor, int] | None:
     codes = None if audio is None else torch.as_tensor(audio)
     if codes is None or codes.numel() == 0:
         return None
-    meta = info.get("meta") if isinstance(info.get("meta"), Mapping) else {}
-    left = _first(meta.get("left_context_size", 0))
+    left = _first(_meta(info).get("left_context_size", 0))
     return codes.to("cpu"), int(left or 0)
+
+
+def _meta(info: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = info.get("meta")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def additional_config(vllm_config: Any) -> Mapping[str, Any]:
+    """The stage's ``additional_config`` block of the deploy YAML ({} when absent)."""
+    config = getattr(vllm_config, "additional_config", None) or {}
+    return config if isinstance(config, Mapping) else {}
+
+
+def stream_position(info: Any) -> tuple[int | None, bool]:
+    """``(chunk_seq or None, stream_finished)`` of one request's payload."""
+    meta = _meta(info) if isinstance(info, Mapping) else {}
+    seq = _first(meta.get("chunk_seq"))
+    return (None if seq is None else int(seq)), bool(_first(meta.get("stream_finished", False)))
 
 
 class KaniNanoCodecForGeneration(nn.Module):
@@ -89,6 +122,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         self.has_postprocess = False
         self.enable_update_additional_information = True  # fresh payload every step
         self.requires_raw_input_tokens = True
+        self.requires_request_ids = True  # stateful streams are keyed by request id
         model_config = vllm_config.model_config
         self.codec_path = find_codec(model_config.model)
         config = read_codec_config(self.codec_path)
@@ -102,7 +136,22 @@ class KaniNanoCodecForGeneration(nn.Module):
         # The chunking Stage 0 will send (a bad combination of knobs fails here, at load).
         self.chunk_policy = ChunkPolicy.from_extra(extra)
         self.graphs: CodecGraphs | None = None
+        # The state pool exists now, like the weights, so the memory profiler sees it.
+        self.streams = self._make_streams() if self.chunk_policy.stateful else None
         self._trace = trace_chunks()
+
+    def _make_streams(self) -> CodecStreams:
+        config = additional_config(self.vllm_config)
+        max_seqs = int(getattr(self.vllm_config.scheduler_config, "max_num_seqs", 0) or 0)
+        slots = int(config.get("codec_state_slots", max(STATE_SLOTS_PER_SEQ * max_seqs, 1)))
+        batches = [int(b) for b in config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)]
+        codec = StreamingCodec(self.decoder, num_slots=slots, scratch_rows=max(batches, default=1))
+        logger.info(
+            "Kani codec stage: stateful streams, %d state slots of %.1f KiB",
+            slots,
+            codec.state_bytes_per_slot / 1024,
+        )
+        return CodecStreams(codec, max_piece_frames=self.decode_max_frames)
 
     def _connector_extra(self) -> Mapping[str, Any]:
         connector = getattr(self.vllm_config.model_config, "stage_connector_config", None)
@@ -136,7 +185,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         chunk size (``codec_chunk_frames``, and with a ramp every size up to ``max_codec_chunk_frames``); padding
         the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
         """
-        config = getattr(self.vllm_config, "additional_config", None) or {}
+        config = additional_config(self.vllm_config)
         batches = config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)
         frames = config.get("codec_cudagraph_frames")
         if frames is None:
@@ -153,14 +202,20 @@ class KaniNanoCodecForGeneration(nn.Module):
         if not batches or not frames:
             logger.info("Kani codec stage: CUDA graphs off (codec_cudagraph_batch_sizes is empty)")
             return
-        graphs = CodecGraphs(self.decoder, batches, frames)
+        if self.streams is not None:
+            graphs: CodecGraphs | StreamingGraphs = StreamingGraphs(self.streams.codec, batches, frames)
+        else:
+            graphs = CodecGraphs(self.decoder, batches, frames)
         started = time.perf_counter()
         try:
             count = graphs.capture()
         except RuntimeError:
             logger.warning("Kani codec stage: CUDA graph capture failed; decoding eagerly", exc_info=True)
             return
-        self.graphs = graphs
+        if isinstance(graphs, StreamingGraphs):
+            self.streams.graphs = graphs
+        else:
+            self.graphs = graphs
         logger.info(
             "Kani codec stage: captured %d CUDA graphs (batch %s x frames %s) in %.1f s",
             count,
@@ -173,17 +228,21 @@ class KaniNanoCodecForGeneration(nn.Module):
         """``KANI_TRACE_CHUNKS``: one line per codec step, after its decode has finished on the device."""
         if self.decoder.device.type == "cuda":
             torch.cuda.synchronize(self.decoder.device)
+        graphs = self.streams.graphs if self.streams is not None else self.graphs
         logger.info(
-            "kani trace: stage1 decode windows=%s started=%.6f ms=%.2f graph_replays=%d eager_calls=%d",
+            "kani trace: stage1 decode windows=%s started=%.6f ms=%.2f graph_replays=%d eager_calls=%d live_streams=%d",
             [(int(w.shape[0]) - left, left) for w, left in zip(windows, lefts, strict=True)],
             started,
             (time.time() - started) * 1000,
-            self.graphs.replays if self.graphs else 0,
-            self.graphs.eager_calls if self.graphs else 0,
+            graphs.replays if graphs else 0,
+            graphs.eager_calls if graphs else 0,
+            self.streams.live if self.streams is not None else 0,
         )
 
     def on_requests_finished(self, finished_req_ids: Iterable[str]) -> None:
-        """Nothing to free: decoding is stateless between steps."""
+        """Free the state slots of finished and aborted requests (stateless windows hold nothing)."""
+        if self.streams is not None:
+            self.streams.release(finished_req_ids)
 
     def make_omni_output(self, model_outputs: Any, **_: Any) -> OmniOutput:
         if isinstance(model_outputs, OmniOutput):
@@ -208,9 +267,11 @@ class KaniNanoCodecForGeneration(nn.Module):
             num_reqs = len(infos)
         else:
             num_reqs = 1 if input_ids is not None and input_ids.numel() else 0
-        slots, windows, lefts = [], [], []
+        request_ids = kwargs.get("request_ids") or []
+        slots, windows, lefts, streamed = [], [], [], []
         for i in range(num_reqs):
-            window = window_of(infos[i] if i < len(infos) else None)
+            info = infos[i] if i < len(infos) else None
+            window = window_of(info)
             if window is None:
                 continue
             codes, left = window
@@ -221,18 +282,26 @@ class KaniNanoCodecForGeneration(nn.Module):
             except ValueError as exc:
                 logger.error("Kani codec stage: request %d of the batch has a bad window, no audio: %s", i, exc)
                 continue
+            seq, finished = stream_position(info)
+            if self.streams is not None and seq is not None and i < len(request_ids):
+                streamed.append((i, StreamChunk(str(request_ids[i]), codes[left:], seq, finished)))
+                continue
             slots.append(i)
             windows.append(codes)
             lefts.append(left)
         empty = torch.empty(0, dtype=torch.float32, device=self.decoder.device)
         audio = [empty] * num_reqs
+        started = time.time() if self._trace else 0.0
+        if streamed:
+            for (slot, _), wav in zip(streamed, self.streams.decode([c for _, c in streamed]), strict=True):
+                if wav is not None:
+                    audio[slot] = wav
         if windows:
-            started = time.time() if self._trace else 0.0
             for slot, wav in zip(
                 slots, self.decoder.decode_windows(windows, lefts, self.decode_max_frames, self.graphs), strict=True
             ):
                 audio[slot] = wav
-            if self._trace:
-                self._log_step(started, windows, lefts)
+        if self._trace and (windows or streamed):
+            self._log_step(started, windows + [c.frames for _, c in streamed], lefts + [0] * len(streamed))
         sr = torch.tensor(self.sample_rate)
         return OmniOutput(text_hidden_states=None, multimodal_outputs={"model_outputs": audio, "sr": [sr] * num_reqs})

@@ -40,7 +40,7 @@ def fsq_table(config: NanoCodecConfig) -> torch.Tensor:
 
 
 @contextmanager
-def _cudnn_tf32(allowed: bool) -> Iterator[None]:
+def cudnn_tf32(allowed: bool) -> Iterator[None]:
     """Set cuDNN's TF32 switch for the duration (torch 2.11 turns it on by default).
 
     TF32 convs move the audio by up to 5e-4 from NeMo's float32 decode (measured on an H200), past the
@@ -206,7 +206,7 @@ class NanoCodecDecoder(nn.Module):
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """``[B, latent_dim, T]`` dequantized latents → ``[B, T·spf]`` audio (differentiable, for analysis)."""
-        with _cudnn_tf32(self.allow_tf32):
+        with cudnn_tf32(self.allow_tf32):
             x = self.pre_conv(latents)
             for act, up, res in zip(self.activations, self.up_sample_conv_layers, self.res_layers, strict=True):
                 x = res(up(act(x)))

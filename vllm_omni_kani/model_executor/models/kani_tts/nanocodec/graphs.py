@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import NanoCodecDecoder
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 # Streaming windows are [left context (<= 28) | new frames (initial 3, then 16)]: up to 44 frames; 48 covers
 # them with 8-frame steps (a padded frame costs ~1/40 of a window, a graph ~0.3 s to capture).
@@ -98,5 +99,83 @@ class CodecGraphs:
             self.static_in[key][:rows, :frames].copy_(codes[start:stop])
             self.graphs[key].replay()
             out[start:stop].copy_(self.static_out[key][:rows, : frames * spf])
+            self.replays += 1
+        return out
+
+
+class StreamingGraphs:
+    """Replays captured :meth:`StreamingCodec.step` calls, one per (batch, frames) bucket; eager where none fits.
+
+    Static inputs per bucket: codes ``[B, T, G]``, lengths ``[B]`` and slots ``[B]``. A replay fills the first
+    rows and points the padded rows at distinct scratch slots with length 0, so they leave every live state alone.
+    The state pool lives outside the graphs' memory pool; replays read and write it in place.
+    """
+
+    def __init__(
+        self,
+        codec: StreamingCodec,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        frame_buckets: Sequence[int] = DEFAULT_FRAME_BUCKETS,
+    ) -> None:
+        self.codec = codec
+        self.batch_buckets = sorted({int(b) for b in batch_buckets if 0 < int(b) <= codec.scratch_rows})
+        self.frame_buckets = sorted({int(t) for t in frame_buckets if int(t) > 0})
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.static: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.replays = 0
+        self.eager_calls = 0
+
+    @property
+    def max_frames(self) -> int | None:
+        return self.frame_buckets[-1] if self.graphs else None
+
+    @torch.inference_mode()
+    def capture(self) -> int:
+        """Capture every bucket on the codec's CUDA device (no-op elsewhere); returns the number captured."""
+        decoder = self.codec.decoder
+        device = decoder.device
+        if device.type != "cuda" or not self.batch_buckets or not self.frame_buckets:
+            return 0
+        groups = decoder.config.num_codebooks
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for b in reversed(self.batch_buckets):
+                for t in reversed(self.frame_buckets):
+                    codes = torch.zeros(b, t, groups, dtype=torch.int64, device=device)
+                    lengths = torch.full((b,), t, dtype=torch.int64, device=device)
+                    slots = self.codec.scratch_slots(b).clone()
+                    self.codec.step(codes, lengths, slots)  # warm-up outside the capture (cuDNN algorithm choice)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        out = self.codec.step(codes, lengths, slots)
+                    self.graphs[(b, t)] = graph
+                    self.static[(b, t)] = (codes, lengths, slots, out)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        return len(self.graphs)
+
+    def __call__(self, codes: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Same contract as :meth:`StreamingCodec.step` (inputs on the codec's device); a fresh output tensor."""
+        batch, frames = codes.shape[0], codes.shape[1]
+        t_bucket = round_up(frames, self.frame_buckets) if self.graphs else None
+        if t_bucket is None:
+            self.eager_calls += 1
+            return self.codec.step(codes, lengths, slots)
+        spf = self.codec.decoder.samples_per_frame
+        out = torch.empty(batch, frames * spf, dtype=self.codec.decoder.dtype, device=codes.device)
+        for start, stop in batch_slices(batch, self.batch_buckets[-1]):
+            rows = stop - start
+            b_bucket = round_up(rows, self.batch_buckets)
+            s_codes, s_lengths, s_slots, s_out = self.static[(b_bucket, t_bucket)]
+            s_codes[:rows, :frames].copy_(codes[start:stop])
+            s_lengths[:rows].copy_(lengths[start:stop])
+            s_slots[:rows].copy_(slots[start:stop])
+            if rows < b_bucket:
+                s_lengths[rows:].zero_()
+                s_slots[rows:].copy_(self.codec.scratch_slots(b_bucket)[rows:])
+            self.graphs[(b_bucket, t_bucket)].replay()
+            out[start:stop].copy_(s_out[:rows, : frames * spf])
             self.replays += 1
         return out

@@ -1,0 +1,260 @@
+"""Stateful streaming codec: chunks decode only their new frames and still equal one decode of everything.
+
+Runs on the factory's tiny codec (real rates, kernels and dilations). The stage tests build Stage 1 the way
+the generation runner does (real VllmConfig, ``load_weights``, ``forward`` with payloads and request ids).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import load_codec
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import SlotsExhaustedError, StreamingCodec
+from vllm_omni_kani.model_executor.models.kani_tts.token_layout import CODEBOOK_SIZE
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy, FrameStream
+
+SPF = SAMPLES_PER_FRAME
+# float32 streamed vs one-shot on the same device: the two differ only in conv blocking (~1e-6 measured).
+STREAM_ATOL = 1e-5
+PCM16 = 32767
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def ckpt(make_ckpt):
+    return make_ckpt("parallel")
+
+
+@pytest.fixture(scope="module")
+def flat_ckpt(make_ckpt):
+    # A stock Lfm2ForCausalLM config, so vLLM's ModelConfig validates it without the plugin's registration.
+    return make_ckpt("flattened")
+
+
+@pytest.fixture(scope="module")
+def decoder(ckpt):
+    return load_codec(ckpt)
+
+
+def codes(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, CODEBOOK_SIZE, (frames, 4), generator=torch.Generator().manual_seed(seed))
+
+
+def pcm16(audio: torch.Tensor) -> np.ndarray:
+    return np.clip(np.round(audio.numpy() * PCM16), -PCM16 - 1, PCM16).astype(np.int32)
+
+
+def stream_all(streams: CodecStreams, utterances: dict[str, torch.Tensor], sizes, seed: int) -> dict[str, torch.Tensor]:
+    """Feed every utterance chunk by chunk, streams interleaved at random, several per step."""
+    rng = random.Random(seed)
+    sent = dict.fromkeys(utterances, 0)
+    seq = dict.fromkeys(utterances, 0)
+    pieces: dict[str, list[torch.Tensor]] = {r: [] for r in utterances}
+    while any(sent[r] < len(u) for r, u in utterances.items()):
+        step = []
+        for rid, utt in utterances.items():
+            if sent[rid] < len(utt) and rng.random() < 0.7:
+                end = min(len(utt), sent[rid] + rng.choice(sizes))
+                step.append(StreamChunk(rid, utt[sent[rid] : end], seq[rid], end == len(utt)))
+                sent[rid], seq[rid] = end, seq[rid] + 1
+        for chunk, audio in zip(step, streams.decode(step), strict=True):
+            assert audio is not None and audio.shape == (chunk.frames.shape[0] * SPF,)
+            pieces[chunk.request_id].append(audio)
+    return {r: torch.cat(p) for r, p in pieces.items()}
+
+
+@pytest.mark.parametrize(
+    ("sizes", "seed"),
+    [((1,), 0), ((1, 2, 3), 1), ((3, 16, 32), 2), ((1, 5, 16, 64, 70), 3)],
+    ids=["1-frame", "1-3", "3-16-32", "mixed-with-split"],
+)
+def test_streamed_chunks_equal_one_shot_decode(decoder, sizes, seed):
+    utterances = {f"req-{i}": codes(n, seed * 10 + i) for i, n in enumerate((41, 7, 90, 1))}
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=8), max_piece_frames=24)
+    streamed = stream_all(streams, utterances, sizes, seed)
+    for rid, utt in utterances.items():
+        full = decoder.decode(utt[None])[0]
+        torch.testing.assert_close(streamed[rid], full, atol=STREAM_ATOL, rtol=0)
+        assert np.abs(pcm16(streamed[rid]) - pcm16(full)).max() <= 1  # PCM16: at most one LSB
+    assert streams.live == 0  # every stream's last chunk freed its slot
+
+
+def test_stream_in_float64_equals_one_shot_to_rounding(ckpt):
+    decoder = load_codec(ckpt, dtype=torch.float64)
+    utt = codes(50, 7)
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=2), max_piece_frames=64)
+    streamed = stream_all(streams, {"a": utt}, (1, 4, 9), seed=5)["a"]
+    torch.testing.assert_close(
+        streamed, decoder.decode(utt[None])[0], atol=1000 * torch.finfo(torch.float64).eps, rtol=0
+    )
+
+
+def test_state_holds_exactly_each_layers_causal_context(decoder):
+    codec = StreamingCodec(decoder, num_slots=3, scratch_rows=2)
+    assert len(codec.pool) == len(codec.layers) == 97  # pre/post conv, 5 upsamplers, 5 × 3 × 3 × 2 residual convs
+    for state, layer in zip(codec.pool, codec.layers, strict=True):
+        assert state.shape[0] == 5 and state.shape[-1] == codec.context(layer) > 0
+    assert codec.state_bytes_per_slot == sum(s[0].numel() * 4 for s in codec.pool)
+
+
+def test_out_of_order_and_unknown_streams_are_refused_loudly(decoder, caplog):
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=4), max_piece_frames=16)
+    utt = codes(6, 11)
+    with caplog.at_level(logging.ERROR):
+        out = streams.decode([StreamChunk("late", utt[:2], 1, False), StreamChunk("ok", utt[:2], 0, False)])
+        assert out[0] is None and out[1] is not None
+        assert "request late starts at chunk 1, not 0" in caplog.text
+        out = streams.decode([StreamChunk("ok", utt[2:4], 2, False)])  # chunk 1 never came
+        assert out == [None]
+        assert "request ok sent chunk 2 where 1 was due" in caplog.text
+    assert streams.live == 0  # the broken stream gave its slot back
+
+
+def test_slots_run_out_with_a_clear_error_and_come_back(decoder, caplog):
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=2), max_piece_frames=16)
+    utt = codes(2, 12)
+    with caplog.at_level(logging.ERROR):
+        out = streams.decode([StreamChunk(r, utt, 0, False) for r in ("a", "b", "c")])
+    assert [o is None for o in out] == [False, False, True]
+    assert "all 2 codec state slots hold live streams" in caplog.text
+    with pytest.raises(SlotsExhaustedError):
+        streams.codec.acquire("d")
+    streams.release(["a"])
+    assert streams.decode([StreamChunk("c", utt, 0, True)])[0] is not None
+    assert streams.live == 1
+
+
+def test_a_reused_slot_starts_from_silence(decoder):
+    """A slot freed mid-stream (abort) is zeroed before its next stream: that stream equals its solo decode."""
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=1), max_piece_frames=16)
+    streams.decode([StreamChunk("aborted", codes(9, 13), 0, False)])
+    streams.release(["aborted"])
+    fresh = codes(9, 14)
+    audio = streams.decode([StreamChunk("fresh", fresh, 0, True)])[0]
+    torch.testing.assert_close(audio, decoder.decode(fresh[None])[0], atol=STREAM_ATOL, rtol=0)
+
+
+def test_stateful_policy_sends_numbered_chunks_without_context():
+    policy = ChunkPolicy.from_extra({"codec_stateful_decode": True, "max_codec_chunk_frames": 32})
+    assert policy.window_context_frames == 0 and policy.recurring_windows() == [3, 16, 32]
+    stream = FrameStream("parallel")
+    chunks = []
+    for have, finished in ((3, False), (19, False), (51, False), (60, True)):
+        stream.frames = [[i, 0, 0, 0] for i in range(have)]
+        chunks.append(stream.next_chunk(policy, finished=finished))
+    assert [(c.index, c.left_context, c.new_frames, c.finished) for c in chunks] == [
+        (0, 0, 3, False),
+        (1, 0, 16, False),
+        (2, 0, 32, False),
+        (3, 0, 9, True),
+    ]
+    assert [int(c.window[0, 0]) for c in chunks] == [0, 3, 19, 51]
+    with pytest.raises(ValueError, match="codec_stateful_decode must be true or false"):
+        ChunkPolicy.from_extra({"codec_stateful_decode": "yes"})
+
+
+# --- Stage 1 as the generation runner drives it ----------------------------------------------------------------
+
+
+def stateful_stage(ckpt, slots: int):
+    from vllm.config import DeviceConfig, ModelConfig, VllmConfig
+
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
+
+    model_config = ModelConfig(model=str(ckpt), dtype="float32", max_model_len=256, enforce_eager=True)
+    model_config.stage_connector_config = {"extra": {"codec_stateful_decode": True}}
+    config = VllmConfig(model_config=model_config, device_config=DeviceConfig("cpu"))
+    config.additional_config = {"codec_state_slots": slots}
+    stage = KaniNanoCodecForGeneration(vllm_config=config)
+    stage.load_weights(iter(()))
+    return stage
+
+
+def chunk_payload(window: torch.Tensor, seq: int, finished: bool) -> dict:
+    return {
+        "codes": {"audio": window},
+        "meta": {"left_context_size": 0, "stream_finished": torch.tensor(finished), "chunk_seq": seq},
+    }
+
+
+def run(stage, request_ids: list[str], infos: list[dict]) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        out = stage(
+            input_ids=torch.zeros(len(infos), dtype=torch.int64),
+            positions=torch.zeros(len(infos), dtype=torch.int64),
+            runtime_additional_information=infos,
+            seq_token_counts=[1] * len(infos),
+            request_ids=request_ids,
+        )
+    return out.multimodal_outputs["model_outputs"]
+
+
+def test_stage_streams_equal_one_decode_and_whole_windows_stay_stateless(flat_ckpt):
+    stage = stateful_stage(flat_ckpt, slots=4)
+    decoder = load_codec(flat_ckpt)
+    assert stage.requires_request_ids and stage.streams is not None
+    utt = codes(40, 21)
+    pieces = []
+    for seq, (start, stop) in enumerate([(0, 3), (3, 19), (19, 40)]):
+        infos = [chunk_payload(utt[start:stop], seq, stop == 40), {}]  # a second request scheduled without a chunk
+        wavs = run(stage, ["r1", "idle"], infos)
+        assert wavs[1].numel() == 0
+        pieces.append(wavs[0])
+    torch.testing.assert_close(torch.cat(pieces), decoder.decode(utt[None])[0], atol=STREAM_ATOL, rtol=0)
+    assert stage.streams.live == 0
+    # async_chunk off: the whole utterance comes with no chunk_seq and decodes as one window, holding no slot.
+    whole = {"codes": {"audio": utt}, "meta": {"left_context_size": 0, "stream_finished": True}}
+    torch.testing.assert_close(run(stage, ["r2"], [whole])[0], decoder.decode(utt[None])[0], atol=1e-4, rtol=0)
+    assert stage.streams.live == 0
+
+
+def test_stage_frees_state_on_finish_and_abort_over_10000_requests(flat_ckpt):
+    """10,000 one- and two-chunk streams, half ending with their last chunk, half aborted mid-stream
+    (vLLM reports them through ``on_requests_finished``): no slot, no state tensor and no bookkeeping grows."""
+    stage = stateful_stage(flat_ckpt, slots=512)
+    streams = stage.streams
+    pool_ptrs = [p.data_ptr() for p in streams.codec.pool]
+    one = codes(1, 22)
+    batch, total, done = 250, 10_000, 0
+    while done < total:
+        ids = [f"req-{done + i}" for i in range(batch)]
+        run(stage, ids, [chunk_payload(one, 0, finished=(i % 2 == 0)) for i in range(batch)])
+        assert streams.live == batch // 2  # the finished half freed its slots with the last chunk
+        stage.on_requests_finished(ids)  # vLLM's finished set: the aborted half, and repeats of the others
+        assert streams.live == 0
+        done += batch
+    assert len(streams.codec.slot_of) == len(streams.codec.frames_done) == len(streams.next_seq) == 0
+    assert sorted(streams.codec._free) == list(range(512))
+    assert [p.data_ptr() for p in streams.codec.pool] == pool_ptrs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (CPU CI has none)")
+def test_streaming_graphs_equal_eager(ckpt):
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
+
+    decoder = load_codec(ckpt, device="cuda")
+    eager = CodecStreams(StreamingCodec(decoder, num_slots=8, scratch_rows=4), max_piece_frames=16)
+    graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
+    graphs = StreamingGraphs(graphed_codec, batch_buckets=(1, 2, 4), frame_buckets=(1, 3, 8, 16))
+    assert graphs.capture() == 12
+    graphed = CodecStreams(graphed_codec, max_piece_frames=16, graphs=graphs)
+    utterances = {f"r{i}": codes(n, 30 + i).cuda() for i, n in enumerate((37, 5, 20, 16, 9))}
+    a = stream_all(eager, {k: v.cpu() for k, v in utterances.items()}, (1, 3, 16, 20), seed=9)
+    b = stream_all(graphed, {k: v.cpu() for k, v in utterances.items()}, (1, 3, 16, 20), seed=9)
+    assert graphs.replays > 0
+    for rid in utterances:
+        torch.testing.assert_close(b[rid], a[rid], atol=STREAM_ATOL, rtol=0)
