@@ -68,6 +68,9 @@ GRAPH_FRAME_STEP = 8
 # are scheduled, and when the codec lags Stage 0 every admitted request can be mid-stream: the API server admits
 # max_num_seqs x KANI_SPEECH_QUEUE_FACTOR (default 4). Additional-config override: codec_state_slots.
 STATE_SLOTS_PER_SEQ = 4
+# Conv precision on CUDA (additional_config codec_precision overrides): the fastest mode within 60 dB SNR of strict
+# float32 on the real-size codec (docs/BENCHMARKS.md). CPUs decode in strict float32, the NeMo-parity mode.
+DEFAULT_CUDA_PRECISION = "tf32"
 
 
 def _first(value: Any) -> Any:
@@ -173,6 +176,13 @@ class KaniNanoCodecForGeneration(nn.Module):
         for _ in weights:
             pass
         load_decoder_state(self.decoder, read_decoder_tensors(self.codec_path))
+        precision = str(
+            additional_config(self.vllm_config).get(
+                "codec_precision", DEFAULT_CUDA_PRECISION if self.decoder.device.type == "cuda" else "fp32"
+            )
+        )
+        self.decoder.set_precision(precision)
+        logger.info("Kani codec stage: %s convs", precision)
         self._capture_graphs()
         return {name for name, _ in self.named_parameters()}
 

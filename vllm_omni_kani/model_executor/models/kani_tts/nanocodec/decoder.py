@@ -22,6 +22,9 @@ from torch import nn
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import NanoCodecConfig
 
 SNAKE_EPS = 1e-9
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# Conv weight (and conv input) dtype of the narrow precisions; activations stay float32.
+NARROW_CONV_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 LRELU_SLOPE = 0.01  # torch.nn.LeakyReLU's default, which NeMo's HalfSnake uses
 
 
@@ -90,7 +93,12 @@ class CausalConv(nn.Module):
         self.left_pad = (kernel_size - 1) * dilation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv1d(F.pad(x, (self.left_pad, 0)), self.weight, self.bias, dilation=self.dilation)
+        return self.convolve(F.pad(x, (self.left_pad, 0)))
+
+    def convolve(self, x: torch.Tensor) -> torch.Tensor:
+        """Unpadded conv (``left_pad`` fewer outputs than inputs), in the weights' dtype, out in ``x``'s."""
+        y = F.conv1d(x.to(self.weight.dtype), self.weight, self.bias, dilation=self.dilation)
+        return y.to(x.dtype)
 
 
 class CausalUpsample(nn.Module):
@@ -103,8 +111,14 @@ class CausalUpsample(nn.Module):
         self.rate = rate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.conv_transpose1d(x, self.weight, self.bias, stride=self.rate, groups=self.bias.shape[0])
+        y = self.transpose(x)
         return y[..., : y.shape[-1] - self.rate]
+
+    def transpose(self, x: torch.Tensor) -> torch.Tensor:
+        """The untrimmed ``(T+1)·rate`` outputs, in the weights' dtype, out in ``x``'s."""
+        w = self.weight
+        y = F.conv_transpose1d(x.to(w.dtype), w, self.bias, stride=self.rate, groups=self.bias.shape[0])
+        return y.to(x.dtype)
 
 
 class ResidualUnit(nn.Module):
@@ -166,7 +180,7 @@ class NanoCodecDecoder(nn.Module):
         super().__init__()
         self.config = config
         self.samples_per_frame = config.samples_per_frame
-        self.allow_tf32 = False  # opt-in speed on GPUs, at ~5e-4 from NeMo's float32 audio
+        self.allow_tf32 = False  # see set_precision
         self.register_buffer("fsq_table", fsq_table(config), persistent=False)
         self.pre_conv = CausalConv(config.latent_dim, config.base_channels, config.in_kernel_size)
         self.activations = nn.ModuleList()
@@ -193,7 +207,32 @@ class NanoCodecDecoder(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.pre_conv.weight.dtype
+        """The activations' dtype (audio, snake, residual sums); conv weights may be narrower (set_precision)."""
+        return self.post_activation.alpha.dtype
+
+    @property
+    def precision(self) -> str:
+        narrow = {dtype: name for name, dtype in NARROW_CONV_DTYPES.items()}
+        return narrow.get(self.pre_conv.weight.dtype, "tf32" if self.allow_tf32 else "fp32")
+
+    def set_precision(self, precision: str) -> NanoCodecDecoder:
+        """``fp32``: strict float32 convs (NeMo parity, the CPU default). ``tf32``: cuDNN may run float32 convs on
+        TF32 tensor cores (CUDA only; CPUs ignore it). ``bf16`` / ``fp16``: conv weights and conv inputs in
+        that dtype with float32 accumulation in cuDNN, everything between the convs (snake, residual sums,
+        branch mean) in float32. SNR of each against strict float32: docs/BENCHMARKS.md. Call before capturing
+        CUDA graphs.
+        """
+        if precision not in PRECISIONS:
+            raise ValueError(f"codec precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        if self.dtype != torch.float32 and precision != "fp32":
+            raise ValueError(f"codec precision {precision!r} needs float32 activations, not {self.dtype}")
+        weight_dtype = NARROW_CONV_DTYPES.get(precision, self.dtype)
+        for module in self.modules():
+            if isinstance(module, CausalConv | CausalUpsample):
+                module.weight.data = module.weight.data.to(weight_dtype)
+                module.bias.data = module.bias.data.to(weight_dtype)
+        self.allow_tf32 = precision == "tf32"
+        return self
 
     def dequantize(self, codes: torch.Tensor) -> torch.Tensor:
         """``[B, T, G]`` codes → ``[B, G·D, T]`` latents; group g fills channels ``g·D … g·D+D-1``."""

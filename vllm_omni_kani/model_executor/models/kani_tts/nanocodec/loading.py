@@ -25,7 +25,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import (
     NanoCodecConfig,
     check_matches_stage0,
 )
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import NanoCodecDecoder
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import NARROW_CONV_DTYPES, NanoCodecDecoder
 
 CODEC_SUBDIR = "codec"  # where a Stage-0 checkpoint keeps its codec
 CONFIG_NAME = "config.json"
@@ -196,24 +196,31 @@ def load_codec(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     settings: KaniTTSSettings | None = None,
+    precision: str | None = None,
 ) -> NanoCodecDecoder:
     """Load a ready-to-run decoder from a Stage-0 checkpoint directory (its ``codec/``), a codec
     directory or a ``.nemo`` file.
 
     The codec must produce the frames and audio Stage 0 expects: ``settings`` if given, else the
     checkpoint's ``kani_tts`` block, else the stock Kani values (``KaniConfigError``, a ``ValueError``).
-    Only float32 is offered (float64 for analysis): bfloat16 misses the 1e-3 relative-error bar by
-    more than 10× (docs/BENCHMARKS.md).
+    ``dtype`` float32 (default) or float64 (analysis) sets the activations; bfloat16 / float16 mean float32
+    activations with convs in that dtype (``precision`` "bf16" / "fp16"). ``precision`` is
+    :meth:`NanoCodecDecoder.set_precision`'s (default "fp32": strict, NeMo parity).
     """
+    narrow = {v: k for k, v in NARROW_CONV_DTYPES.items()}
+    if dtype in narrow:
+        if precision not in (None, narrow[dtype]):
+            raise ValueError(f"dtype {dtype} and precision {precision!r} disagree")
+        dtype, precision = torch.float32, narrow[dtype]
     if dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"NanoCodec decodes in float32 (float64 for analysis); {dtype} is too lossy")
+        raise ValueError(f"NanoCodec activations are float32 or float64 (convs may be bf16/fp16); got {dtype}")
     path = Path(path)
     config = read_codec_config(path)
     check_matches_stage0(config, settings or _settings_near(path))
     with torch.device(device):
         decoder = NanoCodecDecoder(config)
     load_decoder_state(decoder, read_decoder_tensors(path))
-    return decoder.to(dtype).eval()
+    return decoder.to(dtype).eval().set_precision(precision or "fp32")
 
 
 def save_codec(out_dir: str | Path, config: NanoCodecConfig, decoder_tensors: Mapping[str, torch.Tensor]) -> Path:

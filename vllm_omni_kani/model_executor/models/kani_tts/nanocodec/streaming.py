@@ -16,7 +16,6 @@ captures in a CUDA graph per (batch, frames) bucket.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
     CausalConv,
@@ -141,15 +140,13 @@ class StreamingCodec:
         return joined
 
     def _conv(self, conv: CausalConv, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        return F.conv1d(self._with_state(conv, x, lengths, slots), conv.weight, conv.bias, dilation=conv.dilation)
+        return conv.convolve(self._with_state(conv, x, lengths, slots))
 
     def _upsample(
         self, up: CausalUpsample, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
     ) -> torch.Tensor:
         # With the previous input prepended, output r·(i+1) + j is the one-shot output r·i + j: drop r at each end.
-        y = F.conv_transpose1d(
-            self._with_state(up, x, lengths, slots), up.weight, up.bias, stride=up.rate, groups=up.bias.shape[0]
-        )
+        y = up.transpose(self._with_state(up, x, lengths, slots))
         return y[..., up.rate : up.rate * (x.shape[-1] + 1)]
 
     def _residual_layer(

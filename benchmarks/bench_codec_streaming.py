@@ -1,0 +1,184 @@
+"""Stage 1 alone: stateless windows vs stateful streams, per conv precision; SNR against strict float32.
+
+    python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 --out benchmarks/results
+
+Throughput counts *new* frames (audio delivered) per second: a stateless chunk of N new frames decodes
+``28 + N`` frames, a stateful one decodes N. Each (mode, precision, batch, chunk) row replays one captured CUDA
+graph per batch slice (eager on CPU), best of ``--repeat`` after warm-up. SNR: a 250-frame utterance per row of a
+batch, streamed through the stateful codec in the precision under test (chunks 3, 16, 32, 64, 64, ...), against
+one strict-float32 decode of the same codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, load_decoder_state
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEPTIVE_FIELD_FRAMES
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import PRECISIONS
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import CodecGraphs, StreamingGraphs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
+from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors
+
+FRAME_RATE = 12.5
+
+
+def build(preset: str, device: str, precision: str) -> NanoCodecDecoder:
+    with torch.device(device):
+        decoder = NanoCodecDecoder(CODEC_PRESETS[preset])
+    load_decoder_state(decoder, random_decoder_tensors(CODEC_PRESETS[preset], seed=0))
+    return decoder.eval().set_precision(precision)
+
+
+def timed(fn, repeat: int, cuda: bool) -> float:
+    """Best seconds per call of ``fn`` after one warm-up."""
+    best = float("inf")
+    for i in range(repeat + 1):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def ramp(frames: int) -> list[int]:
+    sizes, total, size = [3], 3, 16
+    while total < frames:
+        sizes.append(min(size, frames - total))
+        total += sizes[-1]
+        size = min(size * 2, 64)
+    return sizes
+
+
+def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float | None:
+    """dB; None when the two are identical."""
+    noise = (audio.double() - reference.double()).pow(2).sum()
+    if noise == 0:
+        return None
+    return round((10 * torch.log10(reference.double().pow(2).sum() / noise)).item(), 1)
+
+
+@torch.inference_mode()
+def stream_snr(preset: str, device: str, precision: str, rows: int, frames: int) -> float | None:
+    reference = build(preset, device, "fp32")
+    decoder = build(preset, device, precision)
+    gen = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, decoder.config.codebook_size, (rows, frames, 4), generator=gen)
+    full = reference(codes.to(device))
+    streams = CodecStreams(StreamingCodec(decoder, num_slots=rows, scratch_rows=rows), max_piece_frames=64)
+    pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+    start = 0
+    for seq, size in enumerate(ramp(frames)):
+        stop = start + size
+        chunks = [StreamChunk(f"r{r}", codes[r, start:stop], seq, stop == frames) for r in range(rows)]
+        for r, audio in enumerate(streams.decode(chunks)):
+            pieces[r].append(audio)
+        start = stop
+    streamed = torch.stack([torch.cat(p) for p in pieces])
+    return snr_db(streamed, full)
+
+
+@torch.inference_mode()
+def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int) -> dict:
+    cuda = decoder.device.type == "cuda"
+    slice_rows = min(batch, args.max_graph_batch)
+    gen = torch.Generator().manual_seed(batch)
+    if mode == "window":
+        frames = new + RECEPTIVE_FIELD_FRAMES
+        codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
+        graphs = CodecGraphs(decoder, [slice_rows], [frames])
+        graphs.capture()
+        run = (lambda: graphs(codes)) if cuda else (lambda: decoder(codes))
+    else:
+        frames = new
+        codec = StreamingCodec(decoder, num_slots=batch, scratch_rows=slice_rows)
+        codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
+        lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
+        slots = torch.arange(batch, device=decoder.device)
+        graphs = StreamingGraphs(codec, [slice_rows], [frames])
+        graphs.capture()
+        run = (lambda: graphs(codes, lengths, slots)) if cuda else (lambda: codec.step(codes, lengths, slots))
+    seconds = timed(run, args.repeat, cuda)
+    fps = batch * new / seconds
+    return {
+        "mode": mode,
+        "precision": decoder.precision,
+        "batch": batch,
+        "new_frames": new,
+        "decoded_frames_per_row": frames,
+        "ms_per_step": round(seconds * 1e3, 2),
+        "new_frames_per_s": round(fps),
+        "x_real_time": round(fps / FRAME_RATE, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="350m", choices=list(CODEC_PRESETS))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
+    parser.add_argument("--chunks", nargs="+", type=int, default=[16, 64], help="new frames per chunk")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--max-graph-batch", type=int, default=64, help="rows per graph replay (the YAML's largest)")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--snr-rows", type=int, default=8)
+    parser.add_argument("--snr-frames", type=int, default=250)
+    parser.add_argument("--out", type=Path, default=None, help="write codec-streaming.json here")
+    args = parser.parse_args()
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
+    rows, snr = [], {}
+    for precision in args.precisions:
+        snr[precision] = stream_snr(args.preset, args.device, precision, args.snr_rows, args.snr_frames)
+        print(f"{precision}: streamed SNR vs strict fp32 one-shot {snr[precision]} dB", flush=True)
+        decoder = build(args.preset, args.device, precision)
+        for batch in args.batches:
+            for new in args.chunks:
+                for mode in ("window", "stateful"):
+                    row = throughput(args, decoder, mode, batch, new)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        del decoder
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    print(
+        "\n| precision | SNR dB | batch | new frames/chunk | windows (28 + new) new frames/s | stateful new frames/s",
+        end="",
+    )
+    print(" | gain |")
+    print("|---|---|---|---|---|---|---|")
+    for precision in args.precisions:
+        for batch in args.batches:
+            for new in args.chunks:
+                pick = {
+                    r["mode"]: r
+                    for r in rows
+                    if (r["precision"], r["batch"], r["new_frames"]) == (precision, batch, new)
+                }
+                w, s = pick["window"]["new_frames_per_s"], pick["stateful"]["new_frames_per_s"]
+                print(f"| {precision} | {snr[precision] or 'exact'} | {batch} | {new} | {w:,} | {s:,} | {s / w:.2f}x |")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        result = {
+            "device": device_name,
+            "torch": torch.__version__,
+            "preset": args.preset,
+            "snr_db_vs_fp32": snr,
+            "snr_frames": args.snr_frames,
+            "rows": rows,
+        }
+        (args.out / "codec-streaming.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
