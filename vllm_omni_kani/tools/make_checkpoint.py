@@ -1,10 +1,15 @@
 """Write a complete random-weight Kani checkpoint that the real loaders read like a trained one.
 
-``vllm-omni-kani make-checkpoint OUT --preset {tiny,350m} --variant {parallel,flattened}``
+``vllm-omni-kani make-checkpoint OUT --preset {tiny,350m} --variant {parallel,flattened,v2}``
 
 The directory holds ``config.json`` (every LFM2 field vLLM reads plus the ``kani_tts`` block),
 ``model.safetensors`` in HF names, ``generation_config.json`` and a real tokenizer. Extra parts
 (the codec) are written by the functions in :data:`CHECKPOINT_PARTS`.
+
+``v2`` is a Kani-TTS-2 checkpoint as the official ``kani-tts-2`` package writes one: no ``kani_tts``
+block, ``architectures: [KaniTTS2ForCausalLM]``, the frame-level fields at the top of ``config.json``,
+language tags in ``language_settings``, and the speaker projection and per-layer RoPE scales among the
+weights (``model.speaker_emb_projection.weight``, ``model.learnable_rope_layers.{i}.alpha_weight``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import Lfm2Config, Lfm2ForCausalLM
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
@@ -24,14 +30,22 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
     CONFIG_KEY,
     FLATTENED_ARCH,
     PARALLEL_ARCH,
+    V2_ARCH,
+    FrameLevelSettings,
     KaniTTSSettings,
+    SamplingDefaults,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM
 from vllm_omni_kani.tools.codec_factory import write_codec_part
 from vllm_omni_kani.tools.tokenizer_factory import write_tokenizer
 
-VARIANTS = ("parallel", "flattened")
+VARIANTS = ("parallel", "flattened", "v2")
 SPEAKERS = ("andrew", "katie", "nova_kani", "leo")
+# What factory parallel/flattened checkpoints ask for (their kani_tts.sampling block).
+FACTORY_SAMPLING = SamplingDefaults(temperature=0.6, top_p=0.95, top_k=-1, repetition_penalty=1.1)
+# Kani-TTS-2: learnable RoPE, and half a position per audio frame so that frame positions are not integers.
+V2_SETTINGS = FrameLevelSettings(audio_step=0.5, use_learnable_rope=True)
+V2_LANGUAGES = ("en", "de", "es")
 
 
 @dataclass(frozen=True)
@@ -67,9 +81,19 @@ def lfm2_config(preset: Preset, variant: str) -> Lfm2Config:
     layer_types = [
         "full_attention" if i in preset.attention_layers else "conv" for i in range(preset.num_hidden_layers)
     ]
-    settings = KaniTTSSettings(variant=variant, speakers=SPEAKERS, default_speaker=SPEAKERS[0])
+    if variant == "v2":  # stock: what the official package reads, nothing of this project's
+        extra = {
+            **V2_SETTINGS.to_config_fields(),
+            "language_settings": {"status": "available_language_tags", "language_tags_list": list(V2_LANGUAGES)},
+        }
+    else:
+        settings = KaniTTSSettings(
+            variant=variant, speakers=SPEAKERS, default_speaker=SPEAKERS[0], sampling=FACTORY_SAMPLING
+        )
+        extra = {CONFIG_KEY: settings.to_json_dict()}
+    arch = {"parallel": PARALLEL_ARCH, "flattened": FLATTENED_ARCH, "v2": V2_ARCH}[variant]
     return Lfm2Config(
-        architectures=[PARALLEL_ARCH if variant == "parallel" else FLATTENED_ARCH],
+        architectures=[arch],
         vocab_size=vocab,
         hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size,
@@ -97,8 +121,21 @@ def lfm2_config(preset: Preset, variant: str) -> Lfm2Config:
         eos_token_id=tl.END_OF_SPEECH,
         dtype=preset.dtype,
         initializer_range=preset.init_std,
-        **{CONFIG_KEY: settings.to_json_dict()},
+        **extra,
     )
+
+
+def v2_tensors(config: Lfm2Config, std: float, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Kani-TTS-2's weights beyond LFM2's, in the official names: the speaker projection and one RoPE scale
+    per attention layer (spread around 0 so that every layer gets its own α)."""
+    settings = FrameLevelSettings.from_hf_config(config)
+    tensors = {
+        "model.speaker_emb_projection.weight": torch.randn(config.hidden_size, settings.speaker_emb_dim) * std,
+    }
+    for i, kind in enumerate(config.layer_types):
+        if kind == "full_attention" and settings.use_learnable_rope:
+            tensors[f"model.learnable_rope_layers.{i}.alpha_weight"] = torch.randn(()) * 1.5
+    return {name: t.to(dtype) for name, t in tensors.items()}
 
 
 def _write_backbone(out: Path, preset_name: str, variant: str, seed: int) -> None:
@@ -106,17 +143,22 @@ def _write_backbone(out: Path, preset_name: str, variant: str, seed: int) -> Non
     config = lfm2_config(preset, variant)
     torch.manual_seed(seed)
     model_cls = ParallelHeadLfm2ForCausalLM if variant == "parallel" else Lfm2ForCausalLM
-    model = model_cls(config).to(getattr(torch, preset.dtype))
+    dtype = getattr(torch, preset.dtype)
+    model = model_cls(config).to(dtype)
     model.save_pretrained(out, safe_serialization=True)
-    generation = {
-        "bos_token_id": tl.START_OF_TEXT,
-        "eos_token_id": tl.END_OF_SPEECH,
-        "pad_token_id": tl.PAD,
-        "do_sample": True,
-        "temperature": config.kani_tts["sampling"]["temperature"],
-        "top_p": config.kani_tts["sampling"]["top_p"],
-        "repetition_penalty": config.kani_tts["sampling"]["repetition_penalty"],
-    }
+    generation = {"bos_token_id": tl.START_OF_TEXT, "eos_token_id": tl.END_OF_SPEECH, "pad_token_id": tl.PAD}
+    if variant == "v2":
+        # save_pretrained names the class that wrote it; the checkpoint names the official one.
+        config_json = out / "config.json"
+        written = json.loads(config_json.read_text())
+        config_json.write_text(json.dumps({**written, "architectures": [V2_ARCH]}, indent=2) + "\n")
+        weights = out / "model.safetensors"
+        save_file(
+            {**load_file(weights), **v2_tensors(config, preset.init_std, dtype)}, weights, metadata={"format": "pt"}
+        )
+    else:
+        sampling = config.kani_tts["sampling"]
+        generation |= {"do_sample": True, **{k: sampling[k] for k in ("temperature", "top_p", "repetition_penalty")}}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
@@ -149,7 +191,9 @@ def make_checkpoint(out: Path | str, preset: str, variant: str, seed: int = 0, f
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", type=Path, help="directory to write (created; must be empty unless --force)")
     parser.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)}")
-    parser.add_argument("--variant", default="parallel", help=f"head layout: {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variant", default="parallel", help=f"head layout or family: {', '.join(VARIANTS)} (v2 = Kani-TTS-2)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
     parser.add_argument("--force", action="store_true", help="write into a non-empty directory")
 

@@ -67,17 +67,32 @@ def build_prompt(text_ids_with_bos: Sequence[int], *, prefill_speech_start: bool
     return ids
 
 
-def speaker_text(text: str, speaker: str | None) -> str:
-    """Kani selects a voice by prefixing the text with ``"{speaker}: "``."""
-    return f"{speaker}: {text}" if speaker else text
+def speaker_text(text: str, speaker: str | None, language: str | None = None) -> str:
+    """Kani selects a voice by prefixing the text with ``"{speaker}: "`` and a language (Kani-TTS-2
+    checkpoints with language tags) with ``"{tag}: "``; with both, the language tag comes first."""
+    text = f"{speaker.strip()}: {text}" if speaker else text
+    return f"{language.strip()}: {text}" if language else text
 
 
-def text_prompt_ids(tokenizer: Any, text: str, speaker: str | None) -> list[int]:
+def text_prompt_ids(tokenizer: Any, text: str, speaker: str | None, language: str | None = None) -> list[int]:
     """Tokenize ``"{speaker}: {text}"`` (BOS included) and wrap it in the Kani prompt."""
-    ids = list(tokenizer(speaker_text(text, speaker), add_special_tokens=True)["input_ids"])
+    ids = list(tokenizer(speaker_text(text, speaker, language), add_special_tokens=True)["input_ids"])
     if not ids or ids[0] != START_OF_TEXT:
         ids = [START_OF_TEXT, *ids]
     return build_prompt(ids)
+
+
+# Kani-TTS-2 inserts a speaker embedding as the prompt's second row (after START_OF_HUMAN). Under vLLM that
+# row is this id; the model replaces its embedding with the projected speaker embedding. It is a reserved
+# control id, so the grammar never lets the model emit it.
+SPEAKER_EMBEDDING_SLOT = TOKENISER_LENGTH + 8
+
+
+def with_speaker_slot(prompt_ids: Sequence[int]) -> list[int]:
+    """``[SOH, ...]`` → ``[SOH, SPEAKER_EMBEDDING_SLOT, ...]``: the row a speaker embedding goes into."""
+    if not prompt_ids or prompt_ids[0] != START_OF_HUMAN:
+        raise ValueError("a Kani prompt starts with START_OF_HUMAN")
+    return [prompt_ids[0], SPEAKER_EMBEDDING_SLOT, *prompt_ids[1:]]
 
 
 def cb1_token(code: int | np.ndarray) -> int | np.ndarray:
