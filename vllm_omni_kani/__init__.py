@@ -16,6 +16,7 @@ _KANI = "vllm_omni_kani.model_executor.models.kani_tts"
 MODELS = {
     "ParallelHeadLfm2ForCausalLM": f"{_KANI}.kani_tts_lm:ParallelHeadLfm2ForCausalLM",
     "KaniFlattenedLfm2ForCausalLM": f"{_KANI}.kani_tts_lm:KaniFlattenedLfm2ForCausalLM",
+    "KaniTTS2ForCausalLM": f"{_KANI}.kani_tts_lm:KaniTTS2ForCausalLM",
     "KaniNanoCodecForGeneration": f"{_KANI}.codec_stage:KaniNanoCodecForGeneration",
 }
 

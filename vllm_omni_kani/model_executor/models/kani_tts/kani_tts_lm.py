@@ -16,6 +16,9 @@ How one step turns into one frame (parallel heads):
   step, and chunked-prefill steps that sample nothing carry nothing.
 * ``compute_logits`` masks codebook 1 to what the grammar allows after each row's
   previous token (audio codes and END_OF_SPEECH in speech), so text is never sampled.
+
+A checkpoint whose ``config.json`` has Kani-TTS-2's fields (frame-level positions, learnable RoPE,
+speaker embedding) gets them from ``kani_tts2_lm.KaniTTS2Layers``, whichever variant it is.
 """
 
 from __future__ import annotations
@@ -26,13 +29,19 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context, is_forward_context_available
+from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import ReplicatedLinear
 from vllm.model_executor.models.lfm2 import Lfm2ForCausalLM
+from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings
+from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
+
+logger = init_logger(__name__)
 
 CODE_HEAD_NAMES = tuple(f"cb{k + 1}_head" for k in range(1, tl.NUM_CODEBOOKS))
 NUM_CODE_HEADS = len(CODE_HEAD_NAMES)
@@ -52,6 +61,10 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
+        frame_level = FrameLevelSettings.from_hf_config(self.config)
+        self.kani_tts2 = None
+        if frame_level is not None:
+            self.kani_tts2 = KaniTTS2Layers(self.model, frame_level, vllm_config, maybe_prefix(prefix, "kani_tts2"))
         sched = vllm_config.scheduler_config
         capture = vllm_config.compilation_config.max_cudagraph_capture_size or 0
         # Phase of the last input token of each request in the step (the row vLLM samples),
@@ -67,7 +80,13 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        if self.kani_tts2 is not None and input_ids is not None:
+            # Always through embeddings (one compiled signature); the speaker rows are spliced in here.
+            inputs_embeds = self.kani_tts2.embeddings(self.model.embed_input_ids, input_ids, kwargs)
+            frame_positions = self.kani_tts2.positions(input_ids, positions)
+            hidden = self.model(None, frame_positions, intermediate_tensors, inputs_embeds)
+        else:
+            hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         self._record_row_phases(input_ids)
         return hidden
 
@@ -82,6 +101,31 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
         logits = super().compute_logits(hidden_states)
         return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if self.kani_tts2 is None:
+            return super().load_weights(weights)
+        names = self.kani_tts2.weight_names()
+        params = dict(self.named_parameters())
+        found: set[str] = set()
+
+        def lfm2_weights() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                if name not in names:
+                    yield name, tensor
+                    continue
+                param = params[names[name]]
+                _check_shape(name, tensor, tuple(param.shape))
+                param.data.copy_(tensor)
+                found.add(name)
+
+        loaded = super().load_weights(lfm2_weights())
+        for name in sorted(set(names) - found):
+            # As the official loader does: a missing RoPE scale stays at α's midpoint (alpha_weight 0), and a
+            # missing speaker projection leaves speaker embeddings without effect beyond their slot row.
+            logger.warning("checkpoint has no %s: %s keeps its initial value", name, names[name])
+            params[names[name]].data.zero_()
+        return loaded | set(names.values())
 
 
 def _attention_query_start_loc() -> torch.Tensor | None:
@@ -99,9 +143,14 @@ def _attention_query_start_loc() -> torch.Tensor | None:
 
 
 class KaniFlattenedLfm2ForCausalLM(_KaniLfm2Base):
-    """Stock flattened Kani-TTS (plain LFM2 weights, four tokens per frame) with the grammar mask."""
+    """Stock flattened Kani-TTS (plain LFM2 weights, four tokens per frame) with the grammar mask;
+    Kani-TTS-2 checkpoints run as this class too (see ``kani_tts2_lm``)."""
 
     variant = "flattened"
+
+
+class KaniTTS2ForCausalLM(KaniFlattenedLfm2ForCausalLM):
+    """Kani-TTS-2 under its official architecture name, for vLLM loading the checkpoint as it is."""
 
 
 class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
