@@ -74,6 +74,8 @@ class ActiveSpeech:
     # Set when the entry is released (the response has ended).
     released: asyncio.Event = field(default_factory=asyncio.Event)
     engine_id_taken: bool = False  # the serving layer has named its engine request after this id
+    # With vLLM's --api-key: a digest of the key the request came with; only that key may cancel it (None: anyone).
+    owner: bytes | None = None
     outcome: str | None = None  # how it ended (metrics.OUTCOMES), set just before release
     # The request's audio generators (one per engine request: a batch has several), closed when it ends.
     outputs: list[AsyncGenerator[Any, None]] = field(default_factory=list)
@@ -147,7 +149,7 @@ class SpeechAdmission:
     def __len__(self) -> int:
         return len(self._active)
 
-    def admit(self, request_id: str, slots: int = 1) -> ActiveSpeech | Rejection:
+    def admit(self, request_id: str, slots: int = 1, owner: bytes | None = None) -> ActiveSpeech | Rejection:
         """Take ``slots`` for ``request_id`` or say why not. Synchronous: no await between check and take."""
         if request_id in self._active:
             return Rejection(409, "duplicate_request_id", f"Request id '{request_id}' is already in use.")
@@ -165,7 +167,7 @@ class SpeechAdmission:
                 "overloaded",
                 f"The server is at its limit of {limit} concurrent speech requests; retry later.",
             )
-        entry = ActiveSpeech(request_id=request_id, slots=slots)
+        entry = ActiveSpeech(request_id=request_id, slots=slots, owner=owner)
         self._active[request_id] = entry
         self._used += slots
         self._publish()

@@ -10,16 +10,23 @@ streaming body), and vLLM-Omni's ``generate`` aborts the request in every stage.
 explicit cancel frees exactly what a disconnect frees. The cancelled request's own response then ends: a
 non-streaming one with 499 ("client closed request", gRPC's CANCELLED), a stream cleanly after the audio already
 sent (an SSE stream first gets a ``speech.audio.error`` event with code 499).
+
+With ``vllm serve --api-key`` every route under ``/v1`` (these included) is checked by vLLM's own
+``AuthenticationMiddleware`` before the speech middleware sees it. Several keys may be given; a request then belongs
+to the key it came with, and a cancel with another key finds nothing (404, as for an id that is not active).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
+import secrets
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.types import Message, Receive
 
 from vllm_omni_kani.entrypoints.openai.admission import ActiveSpeech
@@ -41,6 +48,18 @@ def check_request_id(value: str) -> str | None:
             "and '-', starting with a letter or digit."
         )
     return None
+
+
+def key_digest(headers: Headers) -> bytes:
+    """SHA-256 of the request's ``Authorization: Bearer`` token (b"" without one), hashed as vLLM's auth hashes it.
+
+    Behind vLLM's ``AuthenticationMiddleware``, which has already checked the token against ``--api-key``, it says
+    which key a request came with, without keeping the key itself.
+    """
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return b""
+    return hashlib.sha256(token.encode("utf-8")).digest()
 
 
 def error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
@@ -90,12 +109,15 @@ async def cancel_speech(request_id: str, raw_request: Request) -> JSONResponse:
     """Cancel an active speech request by its ``X-Request-Id``; waits (up to 10 s) until it is gone.
 
     200 ``{"id", "status"}`` once released (status ``cancelled``, or ``ok`` when it finished first), 202 while still
-    cancelling, 404 for an id that is not active.
+    cancelling, 404 for an id that is not active, not a valid request id, or (with several API keys) another key's.
     """
     admission = raw_request.app.state.kani_speech_admission
-    entry = admission.get(request_id)
+    entry = admission.get(request_id) if check_request_id(request_id) is None else None
+    owner = entry.owner if entry is not None else None
+    if owner is not None and not secrets.compare_digest(owner, key_digest(raw_request.headers)):
+        entry = None  # another key's request: answered as one that does not exist
     if entry is None:
-        message = f"No active speech request with id '{request_id}'."
+        message = "No active speech request with this id."  # the id is not echoed: it may not be a valid one
         return JSONResponse(error_body(404, message, "NotFoundError"), status_code=404)
     entry.cancel_requested.set()
     try:

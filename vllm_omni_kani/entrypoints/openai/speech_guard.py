@@ -11,7 +11,8 @@ For each speech request, before FastAPI reads the body, it
    client has gone, and counts the outcome.
 
 It sits innermost among the app's middleware (after CORS, API-key auth and vLLM's own), so a request that auth turns
-away never takes a slot. ``patch.install_speech_guard`` installs it from the plugin, in the API-server process.
+away never takes a slot. With ``--api-key`` an admitted request remembers a digest of its key, and only that key can
+cancel it (``cancellation.py``). ``patch.install_speech_guard`` installs it from the plugin, in the API-server process.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from vllm_omni_kani.entrypoints.openai.cancellation import (
     cancel_speech,
     check_request_id,
     error_body,
+    key_digest,
 )
 from vllm_omni_kani.entrypoints.openai.metrics import speech_metrics
 
@@ -191,9 +193,10 @@ class _Exchange:
 class SpeechGuardMiddleware:
     """Pure ASGI (no extra task per request, streaming passes through untouched)."""
 
-    def __init__(self, app: ASGIApp, admission: SpeechAdmission) -> None:
+    def __init__(self, app: ASGIApp, admission: SpeechAdmission, keyed: bool = False) -> None:
         self.app = app
         self.admission = admission
+        self.keyed = keyed  # vLLM checks API keys (outside this middleware): requests belong to their key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST":
@@ -203,7 +206,8 @@ class SpeechGuardMiddleware:
             return await self.app(scope, receive, send)
 
         metrics = speech_metrics()
-        request_id = Headers(scope=scope).get(REQUEST_ID_HEADER)
+        request_headers = Headers(scope=scope)
+        request_id = request_headers.get(REQUEST_ID_HEADER)
         if request_id is None:
             request_id = uuid.uuid4().hex
         elif error := check_request_id(request_id):
@@ -214,7 +218,7 @@ class SpeechGuardMiddleware:
             body, receive = await _read_body(receive)
             slots = _batch_items(body)
 
-        admitted = self.admission.admit(request_id, slots)
+        admitted = self.admission.admit(request_id, slots, owner=key_digest(request_headers) if self.keyed else None)
         if isinstance(admitted, Rejection):
             metrics.rejected.labels(reason=admitted.reason).inc()
             headers = {REQUEST_ID_HEADER: request_id}
@@ -248,10 +252,15 @@ class SpeechGuardMiddleware:
 
 def install(app: Any) -> SpeechAdmission:
     """Put the guard and the cancel route on a freshly built FastAPI app (before it serves anything)."""
+    from vllm.entrypoints.serve.utils.server_utils import AuthenticationMiddleware
+
     admission = SpeechAdmission()
     app.state.kani_speech_admission = admission
+    # vLLM's --api-key / VLLM_API_KEY check, when configured, is already on the stack: it guards every path under /v1
+    # (the cancel route included) and answers 401 before the guard is reached.
+    keyed = any(middleware.cls is AuthenticationMiddleware for middleware in app.user_middleware)
     # Appended, not add_middleware(): innermost, so CORS/auth/vLLM middleware run first.
-    app.user_middleware.append(Middleware(SpeechGuardMiddleware, admission=admission))
+    app.user_middleware.append(Middleware(SpeechGuardMiddleware, admission=admission, keyed=keyed))
     # vLLM's SageMaker bootstrap already built the stack once; Starlette rebuilds it on the first call when unset.
     app.middleware_stack = None
     app.add_api_route(
