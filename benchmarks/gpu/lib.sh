@@ -1,0 +1,77 @@
+# Sourced by the per-machine GPU suites (h200.sh, h200x2.sh) on the offline GPU machine, after
+# ../shared/device/stage.sh unpacked the stack into /tmp/site. Results collect in $R and travel back as one tarball
+# under $OUT after every phase, so a call cut short still returns what it finished.
+set -u
+# Run the package as committed: the transferred working tree can hold unfinished edits of other work. A call that
+# carries .devsrc/src.tar (`git archive HEAD vllm_omni_kani stage_configs benchmarks -o .devsrc/src.tar`) uses it.
+if [ -f .devsrc/src.tar ]; then
+  rm -rf vllm_omni_kani && tar -xf .devsrc/src.tar && echo "package: $(cat .devsrc/commit 2>/dev/null)"
+fi
+# Wheels the image lacks (pytest for the CUDA-only tests), carried in .whl/.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/whl .whl/*.whl
+fi
+export PYTHONPATH=$PWD:/tmp/kani-dist:/tmp/site:/tmp/whl
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_COLOR=0
+R=/tmp/kani-results
+CK=/tmp/ck
+Y=/tmp/kani-yaml
+mkdir -p "$R" "$CK" "$Y"
+
+# The repo is on PYTHONPATH but not installed: give it a dist-info so vLLM finds its plugin entry points
+# (models, pipelines, adapter) in every process it starts.
+python3 - <<'PY'
+import pathlib, tomllib
+meta = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
+d = pathlib.Path("/tmp/kani-dist") / f"vllm_omni_kani-{meta['version']}.dist-info"
+d.mkdir(parents=True, exist_ok=True)
+(d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-omni-kani\nVersion: {meta['version']}\n")
+eps = [f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+       for group, entries in meta.get("entry-points", {}).items()]
+(d / "entry_points.txt").write_text("\n".join(eps))
+PY
+
+# step NAME LIMIT_S CMD...: CMD under `timeout -k` (no watchdog left sleeping: the call ends when the work does),
+# logged to $R/NAME.log. Steps run side by side on different GPUs, so a step kills nothing but its own command;
+# serve_sweeps.py stops its server on SIGTERM, and `cleanup` ends a phase.
+step() {
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS rc
+  timeout -k 20 "$limit" "$@" > "$R/$name.log" 2>&1
+  rc=$?
+  echo "[$name] rc=$rc in $((SECONDS - start)) s"
+  grep -E "^(c=|warm-up|e2e|wrote|\||[a-z0-9]+: streamed SNR)|Error|error:|passed|failed" "$R/$name.log" | tail -n 14
+}
+
+# cleanup: nothing of a phase may hold GPU memory into the next one.
+cleanup() { pkill -9 -f "vllm serve" 2>/dev/null; pkill -9 -f "vllm_omni" 2>/dev/null; sleep 2; }
+
+# pack TAG: everything gathered so far, as one file back.
+pack() {
+  python3 -m vllm_omni_kani.cli bench --report-only --out "$R" > /dev/null 2>&1 || true
+  tar -C /tmp -czf "$OUT/results-$1.tgz" kani-results
+}
+
+device_info() {
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
+  python3 -c "import torch, vllm, vllm_omni, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, \
+'vllm_omni', vllm_omni.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())" \
+    2>&1 | tail -1 | tee -a "$R/device.txt"
+}
+
+checkpoints() {
+  [ -f "$CK/par/config.json" ] || python3 -m vllm_omni_kani.tools.make_checkpoint "$CK/par" --preset 350m \
+    --variant parallel --force > "$R/ckpt-par.log" 2>&1 &
+  [ -f "$CK/flat/config.json" ] || python3 -m vllm_omni_kani.tools.make_checkpoint "$CK/flat" --preset 350m \
+    --variant flattened --force > "$R/ckpt-flat.log" 2>&1 &
+  wait
+  ls "$CK/par" "$CK/flat" | tr '\n' ' '; echo
+}
+
+# serve_sweeps GPU LABEL CKPT YAML LIMIT_S RUN...: one server on GPU, then one `bench --url` per RUN, each
+# "FRAMES:CONCURRENCY_LIST" (e.g. 64:1,64,256), labelled LABEL-fFRAMES; the first run also does the e2e check.
+serve_sweeps() {
+  local gpu=$1 label=$2 ckpt=$3 yaml=$4 limit=$5; shift 5
+  step "$label" "$limit" env CUDA_VISIBLE_DEVICES="$gpu" VLLM_CACHE_ROOT="/tmp/vc$gpu" \
+    python3 benchmarks/gpu/serve_sweeps.py --ckpt "$ckpt" --deploy-config "$yaml" --label "$label" --out "$R" "$@"
+}
