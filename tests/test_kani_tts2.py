@@ -188,3 +188,23 @@ def test_language_tags_prefix_the_text_as_the_official_package_does(official_ckp
     ours = [tl.text_prompt_ids(tokenizer, job["text"], None, job["language"]) for job in jobs]
     assert [ids[: -len(tl.SPEECH_PREFIX)] for ids in ours] == official
     assert all(ids[-len(tl.SPEECH_PREFIX) :] == list(tl.SPEECH_PREFIX) for ids in ours)
+
+
+@pytest.mark.server
+def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, make_ckpt):
+    """The factory's stock Kani-TTS-2 checkpoint through `vllm serve --omni` (both stages, as the README serves it)."""
+    import httpx
+
+    server = omni_server(make_ckpt("v2"), "kani_tts_cpu.yaml")
+    body = {"input": "Hallo zusammen.", "max_new_tokens": 24, "temperature": 0.0}
+    body |= {"response_format": "pcm", "stream_format": "audio"}
+    audio = {}
+    for language in ("de", "EN", "auto"):
+        r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "language": language}, timeout=300)
+        assert r.status_code == 200, r.text
+        audio[language] = np.frombuffer(r.content, dtype=np.int16)
+        # Whole frames (random weights may end speech early, never mid-frame in the audio).
+        assert len(audio[language]) % 1764 == 0 and len(audio[language]) <= 6 * 1764
+    r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "language": "xx"}, timeout=60)
+    assert r.status_code == 400
+    assert "Unknown language 'xx'. Available: en, de, es" in r.json()["error"]["message"]
