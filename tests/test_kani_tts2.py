@@ -208,3 +208,10 @@ def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, 
     r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "language": "xx"}, timeout=60)
     assert r.status_code == 400
     assert "Unknown language 'xx'. Available: en, de, es" in r.json()["error"]["message"]
+    # A precomputed speaker embedding rides along with the request into the prompt's slot row.
+    voice = torch.randn(128, generator=torch.Generator().manual_seed(5)).tolist()
+    r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "speaker_embedding": voice}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert len(r.content) % (2 * 1764) == 0
+    r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "speaker_embedding": voice[:7]}, timeout=60)
+    assert r.status_code == 400 and "128 finite numbers" in r.json()["error"]["message"]

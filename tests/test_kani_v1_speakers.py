@@ -164,3 +164,19 @@ def test_served_stock_checkpoint_lists_and_uses_its_speakers(omni_server, stock_
     assert not np.array_equal(emma, mika) and not np.array_equal(emma, plain)
     r = httpx.post(f"{server.base_url}/v1/audio/speech", json={"input": TEXT, "voice": "nobody"}, timeout=60)
     assert r.status_code == 400 and "Available: Emma, Mika, leo_2" in r.json()["error"]["message"]
+
+
+def test_speaker_embedding_goes_into_the_prompts_slot_row(make_ckpt):
+    """A precomputed Kani-TTS-2 speaker embedding: checked, then carried as the request's additional information
+    with the slot row after START_OF_HUMAN; a model without a speaker embedding answers it with a 400."""
+    ckpt = make_ckpt("v2")
+    adapter, _ = _adapter(ckpt)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    vector = [0.01 * i for i in range(128)]
+    for form in (vector, [vector]):  # one vector, or vLLM-Omni's list-of-vectors form with one entry
+        prepared = _build(adapter, _request(speaker_embedding=form))
+        assert prepared.prompt["prompt_token_ids"] == tl.with_speaker_slot(tl.text_prompt_ids(tokenizer, TEXT, None))
+        np.testing.assert_allclose(prepared.prompt["additional_information"]["speaker_embedding"].numpy(), vector)
+    assert "must be one vector of 128 finite numbers" in adapter.validate(_request(speaker_embedding=[0.5] * 12))
+    flat, _ = _adapter(make_ckpt("flattened"))
+    assert "'speaker_embedding' is not supported" in flat.validate(_request(speaker_embedding=vector))

@@ -40,8 +40,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLev
 
 logger = init_logger(__name__)
 
-# Key of a request's speaker embedding in vLLM-Omni's per-request additional_information.
-SPEAKER_EMBEDDING_KEY = "speaker_embedding"
+SPEAKER_EMBEDDING_KEY = tl.SPEAKER_EMBEDDING_KEY
 # "No audio code yet" in the per-request audio start (any position is smaller).
 NO_AUDIO = 1 << 62
 

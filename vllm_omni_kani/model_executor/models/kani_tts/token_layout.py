@@ -86,6 +86,8 @@ def text_prompt_ids(tokenizer: Any, text: str, speaker: str | None, language: st
 # row is this id; the model replaces its embedding with the projected speaker embedding. It is a reserved
 # control id, so the grammar never lets the model emit it.
 SPEAKER_EMBEDDING_SLOT = TOKENISER_LENGTH + 8
+# Key of the vector in the request's additional_information (vLLM-Omni's per-request payload).
+SPEAKER_EMBEDDING_KEY = "speaker_embedding"
 
 
 def with_speaker_slot(prompt_ids: Sequence[int]) -> list[int]:
