@@ -85,6 +85,7 @@ class CodecStreams:
             return round_up(frames, self.graphs.frame_buckets) or frames
         return frames
 
+    @torch.inference_mode()
     def decode(self, chunks: Sequence[StreamChunk]) -> list[torch.Tensor | None]:
         """Audio of every chunk (``F·spf`` float samples on the device), None for a refused chunk."""
         admitted = [i for i, c in enumerate(chunks) if self._admit(c)]

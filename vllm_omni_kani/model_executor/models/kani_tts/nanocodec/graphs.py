@@ -156,6 +156,7 @@ class StreamingGraphs:
         torch.cuda.synchronize(device)
         return len(self.graphs)
 
+    @torch.inference_mode()
     def __call__(self, codes: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Same contract as :meth:`StreamingCodec.step` (inputs on the codec's device); a fresh output tensor."""
         batch, frames = codes.shape[0], codes.shape[1]
