@@ -23,7 +23,7 @@ for phase in "$@"; do
       device_info
       checkpoints
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 540 $SHORT $LONG &
-      ( step codec-streaming 240 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/bench_codec_streaming.py \
+      ( step codec-streaming 420 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/bench_codec_streaming.py \
           --device cuda --batches 64 128 256 --chunks 16 64 --out "$R"
         step cuda-tests 150 env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -p no:cacheprovider \
           tests/test_codec_streaming.py tests/test_codec_graphs.py -k "graph" ) &
@@ -40,6 +40,8 @@ for phase in "$@"; do
       pack flat ;;
     twogpu)
       checkpoints
+      step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
+        tests/test_codec_graphs.py -k "graph"
       serve_sweeps 0,1 shipped-2gpu "$CK/par" stage_configs/kani_tts_2gpu.yaml 540 $SHORT $LONG
       cleanup
       pack twogpu ;;
