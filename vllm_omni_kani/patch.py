@@ -355,6 +355,90 @@ def install_speech_guard() -> bool | None:
     serving_speech.random_uuid = speech_uuid
 
 
+@_patch(_vllm_omni_0_26)
+def unlink_shm_chunks_of_aborted_requests() -> bool | None:
+    """vllm-omni 0.26.0 (guard: 0.26.x): remove the shared-memory chunks an aborted request's next stage never read.
+
+    With ``async_chunk`` the sending stage's ``OmniChunkTransferAdapter``
+    (``vllm_omni/distributed/omni_connectors/transfer_adapter/chunk_transfer_adapter.py``, one per stage in its
+    engine-core process) puts each chunk, on its save thread, through ``SharedMemoryConnector.put``
+    (``.../connectors/shm_connector.py``): a POSIX segment ``/dev/shm/<key>`` and an empty lock file
+    ``/dev/shm/shm_<key>_lockfile.lock``, ``<key>`` being ``<external request id>_<stage id>_<chunk index>``. Only
+    the receiving stage removes them, when it reads the chunk (``entrypoints/stage_utils.shm_read_bytes`` unlinks the
+    segment, ``_get_data_with_lock`` the lock file). An abort stops the receiver (``finish_requests`` adds the id to
+    ``_cancelled_load_reqs``), so the chunks it had not read yet stay in /dev/shm: those queued while it ran behind
+    the sender, and those the sender's save thread still puts after the abort. Nothing removes them:
+    ``SharedMemoryConnector.cleanup`` would, but nothing calls it, and the adapter's ``cleanup_*`` methods only reset
+    dictionaries. The segments go when the server's ``resource_tracker`` exits, the lock files never.
+
+    Here the sending stage removes them. The orchestrator aborts a request in every stage while the request is
+    active, also in a stage that has already finished it, so the sender's ``finish_requests(...,
+    FINISHED_ABORTED)`` sees every aborted request. It queues a job on the save thread, behind the request's pending
+    saves, which unlinks the segments and lock files of exactly that request's keys of this stage (chunks already
+    read are gone) and frees its sender-side state (``cleanup_sender``, otherwise only called after a request's last
+    chunk). No other request's chunk is touched: keys are matched on the whole external id, and an aborted request is
+    dropped by every stage, so nothing can still need its chunks. A stage that has sent nothing (the last one) skips
+    the job. Applied by ``register()`` in every process; it acts in the stages' engine cores, which load the plugin
+    before they build their scheduler. Not reported upstream yet (docs/RELIABILITY.md has the report).
+
+    Returns whether the patch is active.
+    """
+    import contextlib
+    import os
+    import re
+    from multiprocessing import shared_memory
+
+    from vllm.v1.request import RequestStatus
+    from vllm_omni.distributed.omni_connectors.connectors.shm_connector import SharedMemoryConnector
+    from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
+        OmniChunkTransferAdapter,
+    )
+
+    shm_dir, job = "/dev/shm", "kani_unlink_aborted"
+    finish, send = OmniChunkTransferAdapter.finish_requests, OmniChunkTransferAdapter._send_single_request
+
+    @functools.wraps(finish)
+    def finish_requests(self: Any, request_ids: Any, finished_status: Any, requests: Any = None) -> Any:
+        if request_ids is not None and not isinstance(request_ids, str):
+            request_ids = list(request_ids)  # read twice
+        result = finish(self, request_ids, finished_status, requests)
+        if finished_status == RequestStatus.FINISHED_ABORTED and isinstance(self.connector, SharedMemoryConnector):
+            known = requests or {}
+            ids = list(known) if request_ids is None else [request_ids] if isinstance(request_ids, str) else request_ids
+            # Keys carry the external id; a request this stage has already finished is no longer in ``requests``,
+            # and then the abort names it by that id.
+            external = {getattr(known.get(i), "external_req_id", None) or i for i in ids}
+            self._pending_save_reqs.append({job: external})
+            with self._save_cond:
+                self._save_cond.notify()
+        return result
+
+    @functools.wraps(send)
+    def _send_single_request(self: Any, task: dict) -> Any:
+        if job not in task:
+            return send(self, task)
+        if not self.connector._metrics["puts"]:  # this stage has sent nothing (e.g. the last stage)
+            return None
+        stage, names = self.connector.stage_id, os.listdir(shm_dir)
+        for external_id in task[job]:
+            key = re.compile(rf"{re.escape(external_id)}_{stage}_\d+")
+            for name in names:
+                if key.fullmatch(name):
+                    self.connector._pending_keys.discard(name)
+                    with contextlib.suppress(OSError, ValueError):  # gone if the next stage read it meanwhile
+                        segment = shared_memory.SharedMemory(name=name)
+                        segment.close()
+                        segment.unlink()
+                elif name.startswith("shm_") and name.endswith("_lockfile.lock") and key.fullmatch(name[4:-14]):
+                    with contextlib.suppress(OSError):
+                        os.remove(os.path.join(shm_dir, name))
+            self.cleanup_sender(external_id)
+        return None
+
+    OmniChunkTransferAdapter.finish_requests = finish_requests
+    OmniChunkTransferAdapter._send_single_request = _send_single_request
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -367,6 +451,7 @@ def apply_all() -> list[str]:
             omni_request_output_ec_transfer_params,
             route_speech_to_kani_adapter,
             install_speech_guard,
+            unlink_shm_chunks_of_aborted_requests,
         )
         if fn()
     ]
