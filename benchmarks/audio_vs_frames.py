@@ -1,0 +1,75 @@
+"""Does every request's audio equal the frames its Stage 0 generated? Read from a server log's per-request stats.
+
+    python3 benchmarks/audio_vs_frames.py SERVER_LOG [--tokens-per-frame 1|4] [--json OUT]
+
+vLLM-Omni logs a ``StageRequestStats`` table per request: Stage 0's ``num_tokens_out`` and Stage 1's
+``audio_generated_frames`` (samples). A request is *whole* when its audio is exactly the frames of its output
+tokens: ``tokens // tokens_per_frame`` frames, less the frame-less tokens a stream that ended by itself carries
+(END_OF_SPEECH and what follows it: at most 3 tokens; parallel heads: 1). Anything else lost or repeated audio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+SAMPLES_PER_FRAME = 1764
+_ROW = re.compile(r"\|\s*(\w+)\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
+
+
+def requests(log: Path) -> dict[str, dict[str, str]]:
+    """request id -> {field: (stage-0 value, stage-1 value)} of every stats table in the log."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    current = None
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.search(r"StageRequestStats \[request_id=([^\]]+)\]", line)
+        if m:
+            current = out.setdefault(m.group(1), {})
+            continue
+        if current is not None:
+            row = _ROW.search(line)
+            if row and row.group(1) != "Field":
+                current[row.group(1)] = (row.group(2), row.group(3))
+            elif "+---" not in line and "| Field" not in line:
+                current = None
+    return out
+
+
+def classify(stats: dict[str, tuple[str, str]], tokens_per_frame: int) -> str:
+    def num(text: str) -> int:
+        return int(float(text.replace(",", ""))) if text else 0
+
+    if "num_tokens_out" not in stats or "audio_generated_frames" not in stats:
+        return "table cut by other log lines"
+    tokens = num(stats["num_tokens_out"][0])
+    samples = num(stats.get("audio_generated_frames", ("", "0"))[1])
+    if samples % SAMPLES_PER_FRAME:
+        return "partial frame"
+    frames = samples // SAMPLES_PER_FRAME
+    if frames * tokens_per_frame == tokens:
+        return "whole"
+    if 0 < tokens - frames * tokens_per_frame <= 3 + (tokens_per_frame - 1):
+        return "whole, ended by itself"
+    return f"mismatch ({tokens} tokens, {frames} frames)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--tokens-per-frame", type=int, default=1)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    verdicts = {rid: classify(s, args.tokens_per_frame) for rid, s in requests(args.log).items()}
+    counts = Counter(v if not v.startswith("mismatch") else "mismatch" for v in verdicts.values())
+    summary = {"log": args.log.name, "requests": len(verdicts), **counts}
+    summary["mismatches"] = [f"{r}: {v}" for r, v in verdicts.items() if v.startswith(("mismatch", "partial"))][:20]
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
