@@ -85,6 +85,7 @@ SERVER_MODULE_ORDER = (
     "test_clients.py",
     "test_demo.py",
     "test_reliability.py",
+    "test_shm_cleanup.py",
     "test_serving.py",
     "test_api_key.py",
 )
