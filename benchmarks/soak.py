@@ -169,6 +169,12 @@ async def take_sample(client: httpx.AsyncClient, base: str, pid: int, t0: float)
     return Sample(round(time.perf_counter() - t0, 1), round(total, 1), vram_total, active, queued, per)
 
 
+def dev_shm_entries() -> int:
+    """Entries in /dev/shm (chunk segments and their lock files among them); 0 where there is none."""
+    shm = Path("/dev/shm")
+    return sum(1 for _ in shm.iterdir()) if shm.is_dir() else 0
+
+
 def _limits(connections: int) -> httpx.Limits:
     # A fresh connection per request. With pooled connections (even expiring after 2 s, under the server's 5 s
     # keep-alive) the first 30-minute run on the 2-core box lost 14 of 2,318 requests to a client-side ReadError:
@@ -213,6 +219,7 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict:
     print(f"capacity {capacity:.2f} req/s; soak at {rate:.2f} req/s for {args.minutes} min", flush=True)
 
     url = base + "/v1/audio/speech"
+    shm_before = dev_shm_entries()
     rng = random.Random(args.seed)
     outcomes: list[Outcome] = []
     samples: list[Sample] = []
@@ -258,7 +265,12 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict:
         sampling.cancel()
         samples.append(await take_sample(client, base, pid, t0))
         health = (await client.get(base + "/health")).status_code
-    return report(args, capacity, rate, limit, outcomes, samples, skipped, health)
+    result = report(args, capacity, rate, limit, outcomes, samples, skipped, health)
+    # After the last request is gone (the final sample shows none active): what the run left in /dev/shm.
+    result["dev_shm_entries_before"] = shm_before
+    result["dev_shm_entries_end"] = dev_shm_entries()
+    result["dev_shm_growth"] = result["dev_shm_entries_end"] - shm_before
+    return result
 
 
 def growth(samples: list[Sample], attr: str, warmup_s: float) -> tuple[float | None, float | None, float | None]:
@@ -323,6 +335,11 @@ def markdown(result: dict) -> str:
         ("RSS growth", f"{result['rss_growth_pct']:+.2f}%" if result["rss_growth_pct"] is not None else "n/a"),
         ("VRAM growth", vram),
         ("active speech requests at end", str(result["active_at_end"])),
+        (
+            "/dev/shm entries before → end",
+            f"{result.get('dev_shm_entries_before')} → {result.get('dev_shm_entries_end')} "
+            f"({result.get('dev_shm_growth', 0):+d})",
+        ),
         ("health at end", str(result["health_at_end"])),
     ]
     lines = ["| measure | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
