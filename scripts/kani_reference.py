@@ -1,13 +1,14 @@
 """The official Kani-TTS model code as a reference, run in its own environment (`scripts/kani_reference_env.sh`).
 
 The official packages import NeMo at package import, so their files are loaded by path: `model.py` of
-kani-tts-2 0.0.5 (``KaniTTS2ForCausalLM``), and `core.py` of kani-tts 1.0.1 / kani-tts-2 0.0.5 with NeMo
-stubbed out (only their prompt builders are used). The Kani grammar comes from this repository's
-`speech_mask.py` (torch only), so both sides enforce it the same way.
+kani-tts-2 0.0.5 (``KaniTTS2ForCausalLM``), its `speaker_embedder.py` (``SpeakerEmbedder``), and `core.py` of
+kani-tts 1.0.1 / kani-tts-2 0.0.5 with NeMo stubbed out (only their prompt builders are used). The Kani grammar
+comes from this repository's `speech_mask.py` (torch only), so both sides enforce it the same way.
 
     python kani_reference.py write  SPEC.json OUT_DIR          # random-weight Kani-TTS-2 checkpoint
     python kani_reference.py greedy CKPT JOBS.json OUT.json    # greedy token ids per job
     python kani_reference.py prompt {v1,v2} CKPT JOBS.json OUT.json   # the official prompt ids per job
+    python kani_reference.py embed  SPEAKER_MODEL JOBS.json OUT.json  # SpeakerEmbedder output per job
 """
 
 from __future__ import annotations
@@ -180,6 +181,24 @@ def prompt(version: str, ckpt: str, jobs_path: str, out: str) -> None:
     Path(out).write_text(json.dumps(results))
 
 
+def embed(model_dir: str, jobs_path: str, out: str) -> None:
+    """``SpeakerEmbedder.embed_audio`` per job (``{"audio": NPY, "sample_rate": HZ}``, samples ``[T]`` or
+    ``[channels, T]`` as the official embedder takes them); the weights must load with nothing missing or left over."""
+    import numpy as np
+
+    module = _load("v2", "speaker_embedder")
+    _, info = module.EmbeddingsModel.from_pretrained(model_dir, output_loading_info=True)
+    leftovers = {k: v for k, v in info.items() if v}
+    if leftovers:
+        raise SystemExit(f"the speaker model does not load cleanly into the official class: {leftovers}")
+    embedder = module.SpeakerEmbedder(model_name=model_dir, device="cpu")
+    results = []
+    for job in json.loads(Path(jobs_path).read_text()):
+        audio = np.load(job["audio"])
+        results.append(embedder.embed_audio(audio, sample_rate=job["sample_rate"])[0].tolist())
+    Path(out).write_text(json.dumps(results))
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    {"write": write, "greedy": greedy, "prompt": prompt}[command](*args)
+    {"write": write, "greedy": greedy, "prompt": prompt, "embed": embed}[command](*args)

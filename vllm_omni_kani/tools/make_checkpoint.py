@@ -9,7 +9,9 @@ The directory holds ``config.json`` (every LFM2 field vLLM reads plus the ``kani
 ``v2`` is a Kani-TTS-2 checkpoint as the official ``kani-tts-2`` package writes one: no ``kani_tts``
 block, ``architectures: [KaniTTS2ForCausalLM]``, the frame-level fields at the top of ``config.json``,
 language tags in ``language_settings``, and the speaker projection and per-layer RoPE scales among the
-weights (``model.speaker_emb_projection.weight``, ``model.learnable_rope_layers.{i}.alpha_weight``).
+weights (``model.speaker_emb_projection.weight``, ``model.learnable_rope_layers.{i}.alpha_weight``). It also gets a
+random-weight speaker model in ``speaker_model/`` (``speaker_model_factory.py``), which turns reference audio into
+the speaker embedding.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
 )
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM
 from vllm_omni_kani.tools.codec_factory import write_codec_part
+from vllm_omni_kani.tools.speaker_model_factory import write_speaker_model_part
 from vllm_omni_kani.tools.tokenizer_factory import write_tokenizer
 
 VARIANTS = ("parallel", "flattened", "v2")
@@ -166,9 +169,9 @@ def _write_tokenizer(out: Path, preset_name: str, variant: str, seed: int) -> No
     write_tokenizer(out)
 
 
-# Each part writes into the checkpoint directory; later parts (the codec) append here.
+# Each part writes into the checkpoint directory; later parts (the codec, the speaker model) append here.
 CheckpointPart = Callable[[Path, str, str, int], None]
-CHECKPOINT_PARTS: list[CheckpointPart] = [_write_backbone, _write_tokenizer, write_codec_part]
+CHECKPOINT_PARTS: list[CheckpointPart] = [_write_backbone, _write_tokenizer, write_codec_part, write_speaker_model_part]
 
 
 def make_checkpoint(out: Path | str, preset: str, variant: str, seed: int = 0, force: bool = False) -> Path:
