@@ -5,11 +5,14 @@ The official ``kani-tts-2`` 0.0.5 package runs in an environment of its own (tra
 writes a random-weight Kani-TTS-2 checkpoint (learnable RoPE with a random α per attention layer, half a
 position per audio frame); vLLM-Omni's engine serves that checkpoint as it is, and greedy tokens equal the
 official model's, with the Kani grammar enforced the same way on both sides (``speech_mask.py``), without
-and with a speaker embedding, in one batch.
+and with a speaker embedding, in one batch. Served, the factory's checkpoint speaks with its language tags and
+in a voice cloned from reference audio, uploaded or inline (``test_voice_clone.py`` covers the rest of cloning).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -190,12 +193,19 @@ def test_language_tags_prefix_the_text_as_the_official_package_does(official_ckp
     assert all(ids[-len(tl.SPEECH_PREFIX) :] == list(tl.SPEECH_PREFIX) for ids in ours)
 
 
+def _serve_v2(omni_server, make_ckpt, tmp_path_factory):
+    """The factory's stock Kani-TTS-2 checkpoint through `vllm serve --omni` (both stages, as the README serves it),
+    one server for this module's tests, uploaded voices kept in a folder of the session."""
+    voices = tmp_path_factory.getbasetemp() / "kani-tts2-uploaded-voices"
+    voices.mkdir(exist_ok=True)
+    return omni_server(make_ckpt("v2"), "kani_tts_cpu.yaml", env={"SPEAKER_SAMPLES_DIR": str(voices)})
+
+
 @pytest.mark.server
-def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, make_ckpt):
-    """The factory's stock Kani-TTS-2 checkpoint through `vllm serve --omni` (both stages, as the README serves it)."""
+def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, make_ckpt, tmp_path_factory):
     import httpx
 
-    server = omni_server(make_ckpt("v2"), "kani_tts_cpu.yaml")
+    server = _serve_v2(omni_server, make_ckpt, tmp_path_factory)
     body = {"input": "Hallo zusammen.", "max_new_tokens": 24, "temperature": 0.0}
     body |= {"response_format": "pcm", "stream_format": "audio"}
     audio = {}
@@ -215,3 +225,65 @@ def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, 
     assert len(r.content) % (2 * 1764) == 0
     r = httpx.post(f"{server.base_url}/v1/audio/speech", json={**body, "speaker_embedding": voice[:7]}, timeout=60)
     assert r.status_code == 400 and "128 finite numbers" in r.json()["error"]["message"]
+
+
+def _clip(seconds: float, rate: int, f0: float = 150.0) -> bytes:
+    """A 16-bit WAV of a vibrato tone: something voice-like for the speaker model."""
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, 0.3 * np.sin(2 * np.pi * f0 * t + 3 * np.sin(2 * np.pi * 3 * t)), rate, format="WAV")
+    return buf.getvalue()
+
+
+@pytest.mark.server
+def test_served_voice_cloned_from_an_uploaded_or_an_inline_clip(omni_server, make_ckpt, tmp_path_factory):
+    """Upload a reference clip once and speak with it by name, or send it with the request: the same audio."""
+    import httpx
+
+    base = _serve_v2(omni_server, make_ckpt, tmp_path_factory).base_url
+    clip = _clip(2.0, 24000)
+    inline = "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    body = {"input": "Hello in my own voice.", "max_new_tokens": 24, "temperature": 0.0, "seed": 7}
+    body |= {"response_format": "pcm", "stream_format": "audio"}
+
+    def speak(**fields) -> httpx.Response:
+        return httpx.post(f"{base}/v1/audio/speech", json={**body, **fields}, timeout=300)
+
+    def upload(name: str, data: bytes) -> httpx.Response:
+        files = {"audio_sample": ("clip.wav", data, "audio/wav")}
+        return httpx.post(f"{base}/v1/audio/voices", files=files, data={"consent": "ok", "name": name}, timeout=120)
+
+    r = upload("Clone", clip)
+    assert r.status_code == 200, r.text
+    assert r.json()["voice"]["embedding_dim"] == 128
+    listed = httpx.get(f"{base}/v1/audio/voices", timeout=30).json()
+    assert "clone" in listed["voices"] and [v["name"] for v in listed["uploaded_voices"]] == ["Clone"]
+
+    audio = {}
+    for name, fields in {"by name": {"voice": "clone"}, "inline": {"ref_audio": inline}, "plain": {}}.items():
+        r = speak(**fields)
+        assert r.status_code == 200, r.text
+        audio[name] = np.frombuffer(r.content, dtype=np.int16)
+    assert len(audio["by name"]) and len(audio["by name"]) % 1764 == 0
+    np.testing.assert_array_equal(audio["by name"], audio["inline"])
+    assert not np.array_equal(audio["by name"], audio["plain"])  # the cloned voice reaches the model
+
+    # Bad clips are 400s that say why, uploaded or inline, and the server keeps serving.
+    bad = [
+        (upload("junk", b"not a sound file" * 64), "Could not decode audio file"),
+        (upload("short", _clip(0.5, 16000)), "too short (0.5s). At least 1s"),
+        (upload("long", _clip(31.0, 8000)), "too long (31.0s). Maximum 30s"),
+        (speak(ref_audio="data:audio/wav;base64," + base64.b64encode(b"nope" * 64).decode()), "Invalid or unsupported"),
+        (speak(ref_audio="data:audio/wav;base64," + base64.b64encode(_clip(0.5, 16000)).decode()), "too short"),
+    ]
+    for response, message in bad:
+        assert response.status_code == 400 and message in response.json()["error"]["message"], response.text
+    again = speak(voice="Clone")
+    assert again.status_code == 200
+    np.testing.assert_array_equal(np.frombuffer(again.content, dtype=np.int16), audio["by name"])
+
+    assert httpx.delete(f"{base}/v1/audio/voices/Clone", timeout=30).status_code == 200
+    r = speak(voice="clone")
+    assert r.status_code == 400 and "Unknown voice 'clone'" in r.json()["error"]["message"]

@@ -2,9 +2,10 @@
 
 The whole serving surface of the model: speakers and language tags from the checkpoint, OpenAI
 voice names mapped to the default speaker, Kani's prompt layout around ``"{tag}: {speaker}: {text}"``,
-and the request's sampling knobs on top of the checkpoint's defaults (``kani_tts.sampling``, else its
-``generation_config.json``, else the official packages' values). Long input, resampling and output
-shaping live in ``kani_speech.py``.
+the request's sampling knobs on top of the checkpoint's defaults (``kani_tts.sampling``, else its
+``generation_config.json``, else the official packages' values), and a Kani-TTS-2 speaker embedding:
+precomputed (``speaker_embedding``), or from reference audio, uploaded as a voice or inline as
+``ref_audio`` (``voice_clone.py``). Long input, resampling and output shaping live in ``kani_speech.py``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from vllm_omni.entrypoints.openai.tts_adapters.base import ARTTSAdapter, Prepare
 
 from vllm_omni_kani.entrypoints.openai.speech_request import (
     MAX_SEGMENT_CHARS,
+    KaniSpeechOptions,
     SpeechRequestError,
     check_max_new_tokens,
     check_text,
     parse_options,
 )
+from vllm_omni_kani.entrypoints.openai.voice_clone import VoiceCloning
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
     FrameLevelSettings,
@@ -37,9 +40,19 @@ _PROMPT_TOKEN_BUDGET = MAX_SEGMENT_CHARS + 64
 # Where a checked language tag travels with the request: vLLM-Omni's generic per-request channel, which the
 # Kani option parser leaves alone (the top-level `language` field is refused there for checkpoints without tags).
 LANGUAGE_PARAM = "language"
-# The same channel for a precomputed Kani-TTS-2 speaker embedding (the option parser refuses the top-level field,
-# which is right for checkpoints without one).
+# The same channel for a precomputed Kani-TTS-2 speaker embedding and for an inline reference clip (the option
+# parser refuses both top-level fields; the adapter checks them and says why a model cannot take them).
 SPEAKER_EMBEDDING_PARAM = tl.SPEAKER_EMBEDDING_KEY
+REF_AUDIO_PARAM = "ref_audio"
+# And for a `voice` that names an uploaded voice this model clones: moved off `voice`, whose built-in speakers the
+# option parser checks; such a voice is spoken as no built-in speaker, its embedding being the voice.
+UPLOADED_VOICE_PARAM = "uploaded_voice"
+# vLLM-Omni's other cloning fields, which Kani-TTS-2's cloning has no use for.
+_CLONING_FIELDS_UNUSED = {
+    "ref_text": "Kani-TTS-2 clones a voice from the audio alone (send 'ref_audio' without a transcript)",
+    "ref_audio_2": "Kani-TTS-2 clones from one reference clip",
+    "x_vector_only_mode": "Kani-TTS-2 always clones from the speaker embedding alone",
+}
 # `language` values that ask for no tag (vLLM-Omni's other TTS models default to "Auto").
 _NO_LANGUAGE = frozenset({"", "auto"})
 
@@ -63,14 +76,22 @@ class KaniTTSAdapter(ARTTSAdapter):
         frame_level = FrameLevelSettings.from_hf_config(hf_config)
         # Floats a request's speaker embedding must have; None: the model takes none.
         self.speaker_emb_dim = None if frame_level is None else frame_level.speaker_emb_dim
+        self.cloning = VoiceCloning(
+            server, self.speaker_emb_dim, self.model_path, getattr(stage_args, "additional_config", None)
+        )
+        self.cloning.install()
         self._tokenizer: Any = None
 
     def normalize(self, request: Any) -> None:
-        """Move ``language`` (checkpoints with tags) and ``speaker_embedding`` (models that take one) into
-        ``extra_params``, where they are checked; otherwise the option parser answers them with a 400. Idempotent."""
+        """Move ``language`` (checkpoints with tags), ``speaker_embedding``, ``ref_audio`` and an uploaded ``voice``
+        (models that clone) into ``extra_params``, where they are checked; otherwise the option parser answers them
+        with a 400. Idempotent."""
+        cloned_voice = self.speaker_emb_dim and self.cloning.uploaded(request.voice) is not None
         moves = {
             "language": LANGUAGE_PARAM if self.settings.languages else None,
-            "speaker_embedding": SPEAKER_EMBEDDING_PARAM if self.speaker_emb_dim else None,
+            "speaker_embedding": SPEAKER_EMBEDDING_PARAM,
+            "ref_audio": REF_AUDIO_PARAM,
+            "voice": UPLOADED_VOICE_PARAM if cloned_voice else None,
         }
         for field_name, param in moves.items():
             value = getattr(request, field_name, None)
@@ -87,12 +108,63 @@ class KaniTTSAdapter(ARTTSAdapter):
         try:
             check_text(request.input)
             check_max_new_tokens(request.max_new_tokens, self.max_new_tokens_max)
-            parse_options(request, self.settings)
+            self.voice_source(request)
+            self.options(request)
             self.language_tag(request)
-            self.speaker_embedding(request)
         except SpeechRequestError as exc:
             return str(exc)
         return None
+
+    def options(self, request: Any) -> KaniSpeechOptions:
+        """The request's checked options (after ``normalize``)."""
+        try:
+            return parse_options(request, self.settings)
+        except SpeechRequestError:
+            if self.cloning.uploaded(request.voice) is not None:
+                self.cloning.check_uploaded_voice(request.voice)  # says why this model cannot speak an upload
+            raise
+
+    def voice_source(self, request: Any) -> str | None:
+        """Which field the request's speaker embedding comes from (``speaker_embedding``, ``ref_audio`` or
+        ``uploaded_voice``: the ``extra_params`` key), checked; None for none. One source at most."""
+        for name, why in _CLONING_FIELDS_UNUSED.items():
+            if getattr(request, name, None) not in (None, False):
+                raise SpeechRequestError(f"'{name}' is not supported by Kani TTS: {why}.")
+        params = request.extra_params if isinstance(request.extra_params, dict) else {}
+        keys = (SPEAKER_EMBEDDING_PARAM, REF_AUDIO_PARAM, UPLOADED_VOICE_PARAM)
+        sources = [key for key in keys if params.get(key) is not None]
+        if len(sources) > 1:
+            named = " and ".join("an uploaded 'voice'" if s == UPLOADED_VOICE_PARAM else f"'{s}'" for s in sources)
+            raise SpeechRequestError(
+                f"Give one voice source ('speaker_embedding', 'ref_audio', an uploaded 'voice'), not {named}."
+            )
+        if not sources:
+            return None
+        source = sources[0]
+        if source == UPLOADED_VOICE_PARAM:
+            self.cloning.check_uploaded_voice(params[UPLOADED_VOICE_PARAM])
+        elif source == REF_AUDIO_PARAM:
+            self.ref_audio(request)
+        else:
+            self.speaker_embedding(request)
+        return source
+
+    def ref_audio(self, request: Any) -> str | None:
+        """The request's inline reference clip (one URL, data URL or file URI), or None."""
+        params = request.extra_params if isinstance(request.extra_params, dict) else {}
+        clip = params.get(REF_AUDIO_PARAM)
+        if clip is None:
+            return None
+        reason = self.cloning.unavailable()
+        if reason:
+            raise SpeechRequestError(f"'ref_audio' is not supported by Kani TTS: {reason}.")
+        if isinstance(clip, list) and len(clip) == 1:
+            clip = clip[0]  # one clip in vLLM-Omni's list form
+        if not isinstance(clip, str) or not clip.startswith(("http://", "https://", "data:", "file://")):
+            raise SpeechRequestError(
+                "'ref_audio' must be one clip: an http(s) URL, a data: URL with base64 audio, or a file:// URI"
+            )
+        return clip
 
     def speaker_embedding(self, request: Any) -> list[float] | None:
         """The request's precomputed speaker embedding (``speaker_emb_dim`` finite numbers), or None."""
@@ -101,7 +173,7 @@ class KaniTTSAdapter(ARTTSAdapter):
         if vector is None:
             return None
         if not self.speaker_emb_dim:
-            raise SpeechRequestError("'speaker_embedding' is not supported: this checkpoint has no speaker embedding.")
+            raise SpeechRequestError(f"'speaker_embedding' is not supported by Kani TTS: {self.cloning.unavailable()}.")
         if isinstance(vector, list) and len(vector) == 1 and isinstance(vector[0], list):
             vector = vector[0]  # one vector in vLLM-Omni's list-of-vectors form
         ok = isinstance(vector, list) and all(
@@ -128,9 +200,10 @@ class KaniTTSAdapter(ARTTSAdapter):
 
     async def build(self, request: Any, sampling_params_list: list, has_inline_ref_audio: bool) -> PreparedRequest:
         self.normalize(request)
-        options = parse_options(request, self.settings)
+        source = self.voice_source(request)
+        options = self.options(request)
         language = self.language_tag(request)
-        vector = self.speaker_embedding(request)
+        vector = await self._speaker_vector(request, source)
         prompt_ids = await self._prompt_ids(request.input.strip(), options.speaker, language)
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
         if vector is not None:
@@ -155,6 +228,14 @@ class KaniTTSAdapter(ARTTSAdapter):
         sampling_params_list[0] = stage0
         tts_params = {"speaker": [options.speaker], "text": [request.input]}
         return PreparedRequest(prompt=prompt, tts_params=tts_params, model_type=MODEL_TYPE)
+
+    async def _speaker_vector(self, request: Any, source: str | None) -> list[float] | None:
+        """The speaker embedding from the request's checked source (see ``voice_source``)."""
+        if source == UPLOADED_VOICE_PARAM:
+            return await self.cloning.voice_embedding(request.extra_params[UPLOADED_VOICE_PARAM])
+        if source == REF_AUDIO_PARAM:
+            return await self.cloning.clip_embedding(self.ref_audio(request))
+        return self.speaker_embedding(request)
 
     async def _prompt_ids(self, text: str, speaker: str | None, language: str | None = None) -> list[int]:
         """Tokenize off the event loop (the tokenizer itself is loaded once, on first use)."""
