@@ -81,8 +81,8 @@ class SpeakerEmbeddingModel(WavLMPreTrainedModel):
 def prepare_reference(audio: Any, sample_rate: int) -> torch.Tensor:
     """A decoded clip as the speaker model's input: float32 ``[samples]`` at 16 kHz.
 
-    ``audio``: samples ``[T]`` or ``[T, channels]`` (soundfile's layout; channels are averaged), any float or
-    integer-scaled float values in [-1, 1]. Raises :class:`ReferenceAudioError` with what to fix.
+    ``audio``: float samples in [-1, 1], ``[T]`` or ``[T, channels]`` (soundfile's layout; channels are averaged),
+    at ``sample_rate`` Hz. Raises :class:`ReferenceAudioError` with what to fix.
     """
     wav = np.asarray(audio, dtype=np.float32)
     if wav.ndim == 2:
