@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -87,17 +88,21 @@ def whole_frames(num_bytes: int, frames: int) -> bool:
     return 0 < num_bytes <= 2 * frames * SAMPLES_PER_FRAME and num_bytes % (2 * SAMPLES_PER_FRAME) == 0
 
 
-async def one_request(client: httpx.AsyncClient, url: str, kind: str, rng: random.Random, index: int) -> Outcome:
+async def one_request(
+    client: httpx.AsyncClient, url: str, kind: str, rng: random.Random, index: int, tag: str = "soak"
+) -> Outcome:
     frames = rng.randint(8, 40)
+    # A tagged id: the connector's /dev/shm files of this run carry it (tests/test_shm_cleanup.py's key pattern).
+    headers = {"X-Request-Id": f"{tag}-{index}"}
     body = {"input": rng.choice(TEXTS), "max_new_tokens": frames, "seed": index, "temperature": 0.8}
     started = time.perf_counter()
     try:
         if kind == "bad":
             bad = rng.choice([{"input": ""}, {"voice": "nobody"}, {"max_new_tokens": 0}, {"temperature": -1}])
-            r = await client.post(url, json={**body, **bad})
+            r = await client.post(url, json={**body, **bad}, headers=headers)
             return Outcome(kind, 400 <= r.status_code < 500, r.status_code, time.perf_counter() - started)
         if kind == "wav":
-            r = await client.post(url, json={**body, "response_format": "pcm"})
+            r = await client.post(url, json={**body, "response_format": "pcm"}, headers=headers)
             audio_s = len(r.content) / 2 / SAMPLE_RATE
             ok = r.status_code == 200 and whole_frames(len(r.content), frames)
             error = "" if ok else f"{r.status_code}: {len(r.content)} bytes {r.content[:100]!r}"
@@ -105,7 +110,7 @@ async def one_request(client: httpx.AsyncClient, url: str, kind: str, rng: rando
         stream = {"response_format": "pcm", **({"stream": True} if kind == "sse" else {"stream_format": "audio"})}
         cut_after = rng.randint(0, 3) if kind == "cut" else None
         received = 0
-        async with client.stream("POST", url, json={**body, **stream}) as r:
+        async with client.stream("POST", url, json={**body, **stream}, headers=headers) as r:
             if r.status_code != 200:
                 text = (await r.aread()).decode(errors="replace")[:200]
                 return Outcome(kind, False, r.status_code, time.perf_counter() - started, error=text)
@@ -219,6 +224,9 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict:
     print(f"capacity {capacity:.2f} req/s; soak at {rate:.2f} req/s for {args.minutes} min", flush=True)
 
     url = base + "/v1/audio/speech"
+    from tests.test_shm_cleanup import connector_files
+
+    tag = f"soak{uuid.uuid4().hex[:8]}"
     shm_before = dev_shm_entries()
     rng = random.Random(args.seed)
     outcomes: list[Outcome] = []
@@ -242,7 +250,8 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict:
                 await asyncio.sleep(args.sample_s)
 
         async def run(kind: str, index: int) -> None:
-            outcomes.append(await one_request(client, url, kind, random.Random(args.seed * 7919 + index), index))
+            rng_i = random.Random(args.seed * 7919 + index)
+            outcomes.append(await one_request(client, url, kind, rng_i, index, tag))
 
         sampling = asyncio.create_task(sampler())
         index = 0
@@ -270,6 +279,8 @@ async def soak(args: argparse.Namespace, base: str, pid: int) -> dict:
     result["dev_shm_entries_before"] = shm_before
     result["dev_shm_entries_end"] = dev_shm_entries()
     result["dev_shm_growth"] = result["dev_shm_entries_end"] - shm_before
+    # The run's own chunk segments and lock files still there (other servers on the box do not count).
+    result["connector_shm_files_left"] = len(connector_files(tag))
     return result
 
 
@@ -338,7 +349,8 @@ def markdown(result: dict) -> str:
         (
             "/dev/shm entries before → end",
             f"{result.get('dev_shm_entries_before')} → {result.get('dev_shm_entries_end')} "
-            f"({result.get('dev_shm_growth', 0):+d})",
+            f"({result.get('dev_shm_growth', 0):+d}); this run's chunk files left: "
+            f"{result.get('connector_shm_files_left')}",
         ),
         ("health at end", str(result["health_at_end"])),
     ]
