@@ -25,16 +25,18 @@ OPUS_SAMPLE_RATES = frozenset({8000, 12000, 16000, 24000, 48000})
 MAX_INPUT_CHARS = 10_000
 # Characters per generation (~25 s of speech): sentence-aligned segments stay well inside one generation.
 MAX_SEGMENT_CHARS = 400
-# Request fields of vLLM-Omni's speech API that a Kani checkpoint cannot honour.
+# Request fields of vLLM-Omni's speech API that a Kani checkpoint cannot honour. The voice-cloning fields are answered
+# by the adapter first (entrypoints/openai/voice_clone.py: Kani-TTS-2 clones, other checkpoints say why not); these
+# messages are the fallback for a model the adapter does not route to cloning.
 UNSUPPORTED_FIELDS = {
     "instructions": "Kani has no instruction-following voice design",
     "task_type": "Kani has one task (speak the text with a built-in speaker)",
     "language": "the language is fixed by the checkpoint",
-    "ref_audio": "Kani has no voice cloning",
-    "ref_text": "Kani has no voice cloning",
-    "ref_audio_2": "Kani has no voice cloning",
-    "speaker_embedding": "Kani has no voice cloning",
-    "x_vector_only_mode": "Kani has no voice cloning",
+    "ref_audio": "only Kani-TTS-2 checkpoints clone voices",
+    "ref_text": "only Kani-TTS-2 checkpoints clone voices",
+    "ref_audio_2": "only Kani-TTS-2 checkpoints clone voices",
+    "speaker_embedding": "only Kani-TTS-2 checkpoints clone voices",
+    "x_vector_only_mode": "only Kani-TTS-2 checkpoints clone voices",
     "ambient_sound": "not a Kani feature",
     "duration_seconds": "Kani ends speech by itself (use max_new_tokens to bound it)",
     "initial_codec_chunk_frames": "chunking is set in the deploy YAML (initial_codec_chunk_frames)",
