@@ -13,7 +13,7 @@ previous request's) in its padding, so a replay never indexes out of the FSQ tab
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -35,6 +35,36 @@ def round_up(value: int, buckets: Sequence[int]) -> int | None:
 def batch_slices(batch: int, max_batch: int) -> list[tuple[int, int]]:
     """``[start, stop)`` row ranges of at most ``max_batch`` rows covering ``batch`` rows."""
     return [(s, min(s + max_batch, batch)) for s in range(0, batch, max_batch)]
+
+
+def capture_buckets(
+    device: torch.device,
+    batch_buckets: Sequence[int],
+    frame_buckets: Sequence[int],
+    make_inputs: Callable[[int, int], tuple[torch.Tensor, ...]],
+    run: Callable[..., torch.Tensor],
+) -> dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...], torch.Tensor]]:
+    """``run(*make_inputs(b, t))`` captured per (batch, frames) bucket, largest first, in one memory pool.
+
+    Each bucket runs once outside the capture first, so cuDNN picks its algorithms there. Returns per bucket the
+    graph, its static inputs and its static output.
+    """
+    captured = {}
+    pool = torch.cuda.graph_pool_handle()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for b in reversed(batch_buckets):
+            for t in reversed(frame_buckets):
+                inputs = make_inputs(b, t)
+                run(*inputs)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = run(*inputs)
+                captured[(b, t)] = (graph, inputs, out)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    return captured
 
 
 class CodecGraphs:
@@ -66,22 +96,14 @@ class CodecGraphs:
         if device.type != "cuda" or not self.batch_buckets or not self.frame_buckets:
             return 0
         groups = self.decoder.config.num_codebooks
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for b in reversed(self.batch_buckets):
-                for t in reversed(self.frame_buckets):
-                    codes = torch.zeros(b, t, groups, dtype=torch.int64, device=device)
-                    self.decoder(codes)  # warm-up: cuDNN picks its algorithms outside the capture
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        out = self.decoder(codes)
-                    self.graphs[(b, t)] = graph
-                    self.static_in[(b, t)] = codes
-                    self.static_out[(b, t)] = out
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.synchronize(device)
+
+        def inputs(b: int, t: int) -> tuple[torch.Tensor, ...]:
+            return (torch.zeros(b, t, groups, dtype=torch.int64, device=device),)
+
+        for key, (graph, (codes,), out) in capture_buckets(
+            device, self.batch_buckets, self.frame_buckets, inputs, self.decoder
+        ).items():
+            self.graphs[key], self.static_in[key], self.static_out[key] = graph, codes, out
         return len(self.graphs)
 
     def __call__(self, codes: torch.Tensor) -> torch.Tensor:
@@ -137,23 +159,16 @@ class StreamingGraphs:
         if device.type != "cuda" or not self.batch_buckets or not self.frame_buckets:
             return 0
         groups = decoder.config.num_codebooks
-        pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            for b in reversed(self.batch_buckets):
-                for t in reversed(self.frame_buckets):
-                    codes = torch.zeros(b, t, groups, dtype=torch.int64, device=device)
-                    lengths = torch.full((b,), t, dtype=torch.int64, device=device)
-                    slots = self.codec.scratch_slots(b).clone()
-                    self.codec.step(codes, lengths, slots)  # warm-up outside the capture (cuDNN algorithm choice)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        out = self.codec.step(codes, lengths, slots)
-                    self.graphs[(b, t)] = graph
-                    self.static[(b, t)] = (codes, lengths, slots, out)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        torch.cuda.synchronize(device)
+
+        def inputs(b: int, t: int) -> tuple[torch.Tensor, ...]:
+            codes = torch.zeros(b, t, groups, dtype=torch.int64, device=device)
+            lengths = torch.full((b,), t, dtype=torch.int64, device=device)
+            return codes, lengths, self.codec.scratch_slots(b).clone()
+
+        for key, (graph, (codes, lengths, slots), out) in capture_buckets(
+            device, self.batch_buckets, self.frame_buckets, inputs, self.codec.step
+        ).items():
+            self.graphs[key], self.static[key] = graph, (codes, lengths, slots, out)
         return len(self.graphs)
 
     @torch.inference_mode()
