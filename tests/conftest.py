@@ -76,10 +76,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 # Modules that share the one `vllm serve` server run last, grouped by the server they ask for, so the session
-# starts each server once: the Stage-0-only CPU-platform server, then the two-stage parallel-head server (every
-# module below up to test_serving uses it), test_serving ends on the flattened server, and test_api_key last starts
-# the parallel-head server again with --api-key.
+# starts each server once: test_scaleout first (its head/headless pair runs alone, then its codec-replica server),
+# the Stage-0-only CPU-platform server, then the two-stage parallel-head server (every module below up to
+# test_serving uses it), test_serving ends on the flattened server, and test_api_key last starts the parallel-head
+# server again with --api-key.
 SERVER_MODULE_ORDER = (
+    "test_scaleout.py",
     "test_cpu_platform.py",
     "test_bench.py",
     "test_clients.py",
