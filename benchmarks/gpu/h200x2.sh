@@ -8,6 +8,10 @@
 #           while GPU 0 serves the shipped kani_tts.yaml (64- and 250-frame requests)      -> docs/BENCHMARKS.md
 #   flat    the flattened baseline served with the same YAML (GPU 1) and the Stage-0 step, ours vs stock (GPU 0)
 #   twogpu  the one-stage-per-GPU file, kani_tts_2gpu.yaml (both GPUs)
+#   replicas  scale-out on vLLM-Omni's own machinery (both GPUs, 250-frame requests at 64 and 256 streams): Stage 0
+#           on GPU 0 with two Stage-1 replicas on GPU 1 (kani_tts_codec_replicas.yaml), then two full pipelines
+#           data-parallel behind one API server (kani_tts_dp.yaml); the one-GPU reference is the codec phase's
+#           shipped run, so send `codec replicas` back to back                                      -> docs/DEPLOY.md
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -45,6 +49,13 @@ for phase in "$@"; do
       serve_sweeps 0,1 shipped-2gpu "$CK/par" stage_configs/kani_tts_2gpu.yaml 540 $SHORT $LONG
       cleanup
       pack twogpu ;;
-    *) echo "unknown phase $phase (codec, flat, twogpu)"; exit 2 ;;
+    replicas)
+      checkpoints
+      serve_sweeps 0,1 codec-replicas "$CK/par" stage_configs/kani_tts_codec_replicas.yaml 290 250:64,256
+      cleanup
+      serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml 290 250:64,256
+      cleanup
+      pack replicas ;;
+    *) echo "unknown phase $phase (codec, flat, twogpu, replicas)"; exit 2 ;;
   esac
 done
