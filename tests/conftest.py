@@ -16,6 +16,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Codec tests run on one torch thread: small convs gain nothing from a second one, and OpenMP barriers stall
+    badly on a busy host."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def make_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Return a function that writes (or reuses) a factory checkpoint for this test session."""

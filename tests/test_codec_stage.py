@@ -20,12 +20,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.token_layout import CODEBOOK_
 SPF = SAMPLES_PER_FRAME
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def vllm_config_for(path):

@@ -27,13 +27,7 @@ from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS
 SPF = DEFAULT_CONFIG.samples_per_frame
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small convs gain nothing from a second thread, and OpenMP barriers stall badly on a busy host.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
