@@ -104,7 +104,6 @@ class CodecStreams:
         out: list[torch.Tensor | None] = [None] * len(chunks)
         for i in admitted:
             out[i] = torch.cat(pieces[i]) if len(pieces[i]) != 1 else pieces[i][0]
-            self.codec.frames_done[chunks[i].request_id] += int(chunks[i].frames.shape[0])
         self.release(c.request_id for c in chunks if c.finished)
         return out
 

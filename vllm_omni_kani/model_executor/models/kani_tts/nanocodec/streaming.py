@@ -34,8 +34,7 @@ class StreamingCodec:
     """Per-request causal state of a :class:`NanoCodecDecoder` in a pool of ``num_slots`` slots.
 
     ``scratch_rows`` extra slots absorb the state writes of padded batch rows (one per row, so no two
-    rows of a step write the same slot). Slot bookkeeping (which request holds which slot, how many
-    frames it has decoded) is host-side and keyed by request id.
+    rows of a step write the same slot). Which request holds which slot is host-side, keyed by request id.
     """
 
     def __init__(self, decoder: NanoCodecDecoder, num_slots: int, scratch_rows: int = 64) -> None:
@@ -63,7 +62,6 @@ class StreamingCodec:
         self._scratch = torch.arange(num_slots, rows, dtype=torch.int64, device=decoder.device)
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.slot_of: dict[str, int] = {}
-        self.frames_done: dict[str, int] = {}
 
     @staticmethod
     def context(module: CausalConv | CausalUpsample) -> int:
@@ -89,13 +87,11 @@ class StreamingCodec:
         for state in self.pool:
             state[slot].zero_()
         self.slot_of[request_id] = slot
-        self.frames_done[request_id] = 0
         return slot
 
     def release(self, request_id: str) -> bool:
         """Free a request's slot (finished, aborted, or broken); False when it held none."""
         slot = self.slot_of.pop(request_id, None)
-        self.frames_done.pop(request_id, None)
         if slot is None:
             return False
         self._free.append(slot)
