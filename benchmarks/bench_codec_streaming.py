@@ -5,8 +5,9 @@
 Throughput counts *new* frames (audio delivered) per second: a stateless chunk of N new frames decodes
 ``28 + N`` frames, a stateful one decodes N. Each (mode, precision, batch, chunk) row replays one captured CUDA
 graph per batch slice (eager on CPU), best of ``--repeat`` after warm-up. SNR: a 250-frame utterance per row of a
-batch, streamed through the stateful codec in the precision under test (chunks 3, 16, 32, 64, 64, ...), against
-one strict-float32 decode of the same codes.
+batch, streamed through the stateful codec in the precision and half-snake kernels under test (chunks 3, 16, 32,
+64, 64, ...), against one strict-float32 eager decode of the same codes. ``--activations fused`` (CUDA): each
+half-snake as one Triton kernel writing into the conv input (``nanocodec/fused.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, load_decoder_state
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, fused, load_decoder_state
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEPTIVE_FIELD_FRAMES
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import PRECISIONS
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import CodecGraphs, StreamingGraphs
@@ -30,11 +31,11 @@ from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_ten
 FRAME_RATE = 12.5
 
 
-def build(preset: str, device: str, precision: str) -> NanoCodecDecoder:
+def build(preset: str, device: str, precision: str, activations: str = "eager") -> NanoCodecDecoder:
     with torch.device(device):
         decoder = NanoCodecDecoder(CODEC_PRESETS[preset])
     load_decoder_state(decoder, random_decoder_tensors(CODEC_PRESETS[preset], seed=0))
-    return decoder.eval().set_precision(precision)
+    return decoder.eval().set_precision(precision).set_fused_activations(activations == "fused")
 
 
 def timed(fn, repeat: int, cuda: bool) -> float:
@@ -70,9 +71,9 @@ def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float | None:
 
 
 @torch.inference_mode()
-def stream_snr(preset: str, device: str, precision: str, rows: int, frames: int) -> float | None:
+def stream_snr(preset: str, device: str, precision: str, activations: str, rows: int, frames: int) -> float | None:
     reference = build(preset, device, "fp32")
-    decoder = build(preset, device, precision)
+    decoder = build(preset, device, precision, activations)
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(0, decoder.config.codebook_size, (rows, frames, 4), generator=gen)
     full = reference(codes.to(device))
@@ -114,6 +115,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
     return {
         "mode": mode,
         "precision": decoder.precision,
+        "activations": "fused" if decoder.fused_activations else "eager",
         "batch": batch,
         "new_frames": new,
         "decoded_frames_per_row": frames,
@@ -130,6 +132,13 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[64, 128, 256])
     parser.add_argument("--chunks", nargs="+", type=int, default=[16, 64], help="new frames per chunk")
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument(
+        "--activations",
+        nargs="+",
+        default=["eager", "fused"] if fused.available() else ["eager"],
+        choices=("eager", "fused"),
+        help="half-snakes in eager PyTorch or as one Triton kernel each (CUDA)",
+    )
     parser.add_argument("--max-graph-batch", type=int, default=64, help="rows per graph replay (the YAML's largest)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--snr-rows", type=int, default=8)
@@ -138,10 +147,12 @@ def main() -> None:
     args = parser.parse_args()
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
-    for precision in args.precisions:
-        snr[precision] = stream_snr(args.preset, args.device, precision, args.snr_rows, args.snr_frames)
-        print(f"{precision}: streamed SNR vs strict fp32 one-shot {snr[precision]} dB", flush=True)
-        decoder = build(args.preset, args.device, precision)
+    configs = [(p, a) for p in args.precisions for a in args.activations]
+    for precision, acts in configs:
+        key = f"{precision}/{acts}"
+        snr[key] = stream_snr(args.preset, args.device, precision, acts, args.snr_rows, args.snr_frames)
+        print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
+        decoder = build(args.preset, args.device, precision, acts)
         for batch in args.batches:
             for new in args.chunks:
                 for mode in ("window", "stateful"):
@@ -151,22 +162,20 @@ def main() -> None:
         del decoder
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    print(
-        "\n| precision | SNR dB | batch | new frames/chunk | windows (28 + new) new frames/s | stateful new frames/s",
-        end="",
-    )
-    print(" | gain |")
-    print("|---|---|---|---|---|---|---|")
-    for precision in args.precisions:
+    print("\n| precision | half-snakes | SNR dB | batch | new frames/chunk | windows (28 + new) new frames/s", end="")
+    print(" | stateful new frames/s | gain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for precision, acts in configs:
         for batch in args.batches:
             for new in args.chunks:
                 pick = {
                     r["mode"]: r
                     for r in rows
-                    if (r["precision"], r["batch"], r["new_frames"]) == (precision, batch, new)
+                    if (r["precision"], r["activations"], r["batch"], r["new_frames"]) == (precision, acts, batch, new)
                 }
                 w, s = pick["window"]["new_frames_per_s"], pick["stateful"]["new_frames_per_s"]
-                print(f"| {precision} | {snr[precision] or 'exact'} | {batch} | {new} | {w:,} | {s:,} | {s / w:.2f}x |")
+                snr_text = snr[f"{precision}/{acts}"] or "exact"
+                print(f"| {precision} | {acts} | {snr_text} | {batch} | {new} | {w:,} | {s:,} | {s / w:.2f}x |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         result = {

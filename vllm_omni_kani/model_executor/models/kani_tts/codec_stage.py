@@ -42,6 +42,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
     check_matches_stage0,
     find_codec,
+    fused,
     load_decoder_state,
     read_codec_config,
     read_decoder_tensors,
@@ -182,7 +183,15 @@ class KaniNanoCodecForGeneration(nn.Module):
             )
         )
         self.decoder.set_precision(precision)
-        logger.info("Kani codec stage: %s convs", precision)
+        fused_activations = bool(
+            additional_config(self.vllm_config).get("codec_fused_activations", self.decoder.device.type == "cuda")
+        )
+        self.decoder.set_fused_activations(fused_activations and fused.available())
+        logger.info(
+            "Kani codec stage: %s convs, %s half-snakes",
+            precision,
+            "fused (Triton)" if self.decoder.fused_activations else "eager",
+        )
         self._capture_graphs()
         return {name for name, _ in self.named_parameters()}
 

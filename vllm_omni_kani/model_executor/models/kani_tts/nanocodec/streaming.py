@@ -20,6 +20,7 @@ import torch
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
     CausalConv,
     CausalUpsample,
+    HalfSnake,
     NanoCodecDecoder,
     ResidualLayer,
     cudnn_tf32,
@@ -117,32 +118,53 @@ class StreamingCodec:
             x = self._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
             rate = 1
             for act, up, res in zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True):
-                x = self._upsample(up, act(x), lengths * rate, slots)
+                x = self._upsample(up, act, x, lengths * rate, slots)
                 rate *= up.rate
                 x = self._residual_layer(res, x, lengths * rate, slots)
-            x = self._conv(d.post_conv, d.post_activation(x), lengths * rate, slots)
+            x = self._conv(d.post_conv, x, lengths * rate, slots, d.post_activation)
         return torch.clamp(x, -1.0, 1.0)[:, 0]
 
     def _with_state(
-        self, module: CausalConv | CausalUpsample, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
+        self,
+        module: CausalConv | CausalUpsample,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        act: HalfSnake | None = None,
     ) -> torch.Tensor:
-        """``[state | x]``, after saving each row's last ``context`` valid inputs as its new state."""
+        """``[state | act(x)]``, after saving each row's last ``context`` valid inputs as its new state.
+
+        The activation writes straight into the joined buffer (one fused kernel on CUDA), so the conv input is
+        assembled without a ``cat`` of a separately materialised activation.
+        """
         pool = self.pool[self._index[id(module)]]
         context = pool.shape[-1]
-        joined = torch.cat([pool.index_select(0, slots), x], dim=-1)
+        joined = x.new_empty(x.shape[0], x.shape[1], context + x.shape[-1])
+        joined[..., :context].copy_(pool.index_select(0, slots))
+        if act is None:
+            joined[..., context:].copy_(x)
+        else:
+            act.write(x, joined[..., context:])
         # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, :, lengths[b] : +context].
         take = (lengths[:, None] + torch.arange(context, device=x.device))[:, None, :].expand(-1, x.shape[1], -1)
         pool.index_copy_(0, slots, torch.gather(joined, 2, take))
         return joined
 
-    def _conv(self, conv: CausalConv, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        return conv.convolve(self._with_state(conv, x, lengths, slots))
+    def _conv(
+        self,
+        conv: CausalConv,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        act: HalfSnake | None = None,
+    ) -> torch.Tensor:
+        return conv.convolve(self._with_state(conv, x, lengths, slots, act))
 
     def _upsample(
-        self, up: CausalUpsample, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
+        self, up: CausalUpsample, act: HalfSnake, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
     ) -> torch.Tensor:
         # With the previous input prepended, output r·(i+1) + j is the one-shot output r·i + j: drop r at each end.
-        y = up.transpose(self._with_state(up, x, lengths, slots))
+        y = up.transpose(self._with_state(up, x, lengths, slots, act))
         return y[..., up.rate : up.rate * (x.shape[-1] + 1)]
 
     def _residual_layer(
@@ -152,7 +174,7 @@ class StreamingCodec:
         for branch in layer.res_blocks:
             y = x
             for unit in branch.res_blocks:
-                h = self._conv(unit.input_conv, unit.input_activation(y), lengths, slots)
-                y = y + self._conv(unit.skip_conv, unit.skip_activation(h), lengths, slots)
+                h = self._conv(unit.input_conv, y, lengths, slots, unit.input_activation)
+                y = y + self._conv(unit.skip_conv, h, lengths, slots, unit.skip_activation)
             total = y if total is None else total + y
         return total / len(layer.res_blocks)
