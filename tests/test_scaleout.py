@@ -6,6 +6,7 @@
   multi-node deploy uses: the head's OmniMasterServer (registration), OmniCoordinator (heartbeats) and remote
   engine-core clients.
 - Two Stage-1 replicas behind one Stage 0 in one server (``kani_tts_cpu_codec_replicas.yaml``).
+- Two full pipelines data-parallel behind one API server (``kani_tts_cpu_dp.yaml``): admission counts both.
 
 Stage 1 is stateful: a request's chunks must all reach the replica that holds its decoder state, which refuses a
 stream that does not start at chunk 0 ("starts at chunk N, not 0" in the log). vLLM-Omni binds each request to one
@@ -43,6 +44,7 @@ pytestmark = [pytest.mark.server, pytest.mark.engine]
 
 SPLIT_DEPLOY = "kani_tts_cpu.yaml"
 REPLICAS_DEPLOY = "kani_tts_cpu_codec_replicas.yaml"
+DP_DEPLOY = "kani_tts_cpu_dp.yaml"
 TEXT = "Hello world, this is Kani speaking."
 # Greedy: the random weights never end it early; a stream of it is still running when it is cancelled or cut.
 LONG = {"input": TEXT, "max_new_tokens": 1500, "temperature": 0.0, "response_format": "pcm", "stream_format": "audio"}
@@ -353,3 +355,31 @@ def test_a_cancel_frees_the_request_on_stage_0_and_on_its_codec_replica(replicas
         assert pcm_of(speech(url, input=TEXT, max_new_tokens=12)).size == 12 * SAMPLES_PER_FRAME
     assert_freed(url, replicas=2)
     assert REFUSED not in replicas.log_text()
+
+
+# --- two full pipelines, data-parallel behind one API server ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_parallel(omni_server, tiny_parallel):
+    return omni_server(tiny_parallel, DP_DEPLOY)
+
+
+def stage_finished(base_url: str, stage: int, replicas: int) -> list[float]:
+    text = metrics_text(base_url)
+    name = "vllm:e2e_request_latency_seconds_count"
+    return [sample_value(text, name, {"stage": str(stage), "replica": str(r)}) or 0.0 for r in range(replicas)]
+
+
+def test_data_parallel_pipelines_share_requests_and_admit_for_both(data_parallel):
+    url = data_parallel.base_url
+    # Stage 0 runs max_num_seqs (8) per replica: the API server admits for both (2 x 8 x queue factor 4).
+    assert sample_value(metrics_text(url), "kani:speech_max_concurrent_requests") == 2 * 8 * 4
+    assert "Stage 0 max_num_seqs=8 x 2 replicas" in data_parallel.log_text()
+    before = [stage_finished(url, stage, 2) for stage in (0, 1)]
+    concurrent_equals_solo(url, 6)  # 6 solo + 6 concurrent, alternating between the pipelines
+    after = [stage_finished(url, stage, 2) for stage in (0, 1)]
+    for stage in (0, 1):
+        done = [a - b for a, b in zip(after[stage], before[stage], strict=True)]
+        assert done == [6, 6], f"stage {stage} per replica: {done}"
+    assert REFUSED not in data_parallel.log_text()

@@ -275,7 +275,11 @@ def install(app: Any) -> SpeechAdmission:
 
 
 def configure(state: Any) -> int | None:
-    """Size the admission limit from the served pipeline, once the app state (the speech server) exists."""
+    """Size the admission limit from the served pipeline, once the app state (the speech server) exists.
+
+    Stage 0 runs ``max_num_seqs`` requests per replica, so data-parallel pipelines (``num_replicas`` on Stage 0)
+    admit that many times more.
+    """
     admission: SpeechAdmission | None = getattr(state, "kani_speech_admission", None)
     if admission is None:
         return None
@@ -287,11 +291,22 @@ def configure(state: Any) -> int | None:
         stage = stages[0] if stages else None
     if stage is not None:
         max_num_seqs = getattr(getattr(stage, "engine_args", None), "max_num_seqs", None)
-    limit = resolve_limit(int(max_num_seqs) if max_num_seqs else None)
-    admission.configure(limit, running=int(max_num_seqs) if max_num_seqs else None)
+    replicas = stage0_replicas(getattr(state, "engine_client", None))
+    running = int(max_num_seqs) * replicas if max_num_seqs else None
+    limit = resolve_limit(running)
+    admission.configure(limit, running=running)
     logger.info(
-        "speech admission: %s concurrent speech requests (Stage 0 max_num_seqs=%s)",
+        "speech admission: %s concurrent speech requests (Stage 0 max_num_seqs=%s x %d replica%s)",
         f"at most {limit}" if limit else "no limit on",
         max_num_seqs,
+        replicas,
+        "" if replicas == 1 else "s",
     )
     return limit
+
+
+def stage0_replicas(engine_client: Any) -> int:
+    """Stage 0's configured replica count (vLLM-Omni's stage pool; 1 when the engine does not say)."""
+    pools = getattr(getattr(engine_client, "engine", None), "stage_pools", None) or []
+    count = getattr(pools[0], "num_replicas", 1) if pools else 1
+    return int(count) if isinstance(count, int) and count > 0 else 1
