@@ -206,6 +206,8 @@ def test_served_kani_tts2_checkpoint_speaks_with_its_language_tags(omni_server, 
     import httpx
 
     server = _serve_v2(omni_server, make_ckpt, tmp_path_factory)
+    # Listed in the checkpoint's spelling, next to the voices.
+    assert httpx.get(f"{server.base_url}/v1/audio/voices", timeout=60).json()["languages"] == list(V2_LANGUAGES)
     body = {"input": "Hallo zusammen.", "max_new_tokens": 24, "temperature": 0.0}
     body |= {"response_format": "pcm", "stream_format": "audio"}
     audio = {}

@@ -100,9 +100,11 @@ def test_wav_is_22050_hz_mono_with_one_frame_per_1764_samples(server):
 
 
 def test_voices_come_from_the_checkpoint(server, tiny_parallel):
-    voices = httpx.get(f"{server.base_url}/v1/audio/voices").json()["voices"]
+    listing = httpx.get(f"{server.base_url}/v1/audio/voices").json()
+    voices = listing["voices"]
     settings = KaniTTSSettings.from_hf_config(AutoConfig.from_pretrained(tiny_parallel))
     assert sorted(voices) == sorted(settings.speakers)
+    assert listing["languages"] == []  # no language_settings: the model takes no `language`
     # OpenAI names are accepted and speak with the default speaker: same audio as naming it.
     alloy, _ = wav_samples(speech(server, input=TEXT, voice="alloy", temperature=0.0))
     default, _ = wav_samples(speech(server, input=TEXT, voice=settings.default_speaker, temperature=0.0))

@@ -329,7 +329,7 @@ def install_speech_guard() -> bool | None:
     """
     from vllm_omni.entrypoints.openai import api_server, serving_speech
 
-    from vllm_omni_kani.entrypoints.openai import speech_guard
+    from vllm_omni_kani.entrypoints.openai import speech_guard, voices_listing
 
     build, init_state = api_server.build_openai_app, api_server.omni_init_app_state
     random_uuid = serving_speech.random_uuid
@@ -338,6 +338,7 @@ def install_speech_guard() -> bool | None:
     def build_openai_app(*args: Any, **kwargs: Any) -> Any:
         app = build(*args, **kwargs)
         speech_guard.install(app)
+        voices_listing.install(app)
         return app
 
     @functools.wraps(init_state)

@@ -17,6 +17,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
     FLATTENED_ARCH,
     FLATTENED_STAGE_ARCH,
     PARALLEL_ARCH,
+    V2_ARCH,
     KaniTTSSettings,
 )
 
@@ -62,7 +63,7 @@ def _lm_stage(variant: str, *, final: bool) -> StagePipelineConfig:
 def _two_stage(variant: str) -> PipelineConfig:
     return PipelineConfig(
         model_type=PIPELINE_KEY,
-        hf_architectures=(PARALLEL_ARCH if variant == "parallel" else FLATTENED_ARCH,),
+        hf_architectures=(PARALLEL_ARCH,) if variant == "parallel" else (FLATTENED_ARCH, V2_ARCH),
         hf_config_predicate=is_kani_config,
         stages=(
             _lm_stage(variant, final=False),
