@@ -7,11 +7,16 @@
 #   codec    checkpoints; Stage 1 alone (windows vs stateful, per precision, SNR); the CUDA-only tests
 #   shipped  the shipped kani_tts.yaml served with 64- and 250-frame requests
 #   flat     the flattened baseline served with the same YAML; the Stage-0 step, ours vs stock
+#   stage0   the Stage-0 step alone, ours vs stock (no server)
+#   v2       a 350m Kani-TTS-2 checkpoint (frame positions, learnable RoPE, speaker slot) served with the shipped
+#            YAML, then the v1 flattened checkpoint the same way (64-frame requests, 1/64/256 streams)
+#   replicas1  two Stage-1 engines sharing GPU 0 with Stage 0 (num_replicas 2), 250-frame requests at 64 and 256
+#            streams; send after `shipped` for the one-engine reference of the same call sequence
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 if [ $quick = 1 ]; then
-  SHORT=64:1,64,256; LONG=250:64,256; PRECISIONS="fp32 tf32"
+  SHORT=64:1,64,256; LONG=250:64,256; PRECISIONS="tf32"
 else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
@@ -25,7 +30,7 @@ for phase in "$@"; do
       step codec-streaming 420 python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 \
         --chunks 16 64 --precisions $PRECISIONS --out "$R"
       step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py -k "graph"
+        tests/test_codec_graphs.py tests/test_codec_fused.py -k "graph or fused or kernel"
       pack codec ;;
     shipped)
       checkpoints
@@ -41,6 +46,31 @@ for phase in "$@"; do
       step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
         --out "$R" --sampled --codes
       pack flat ;;
-    *) echo "unknown phase $phase (codec, shipped, flat)"; exit 2 ;;
+    stage0)
+      checkpoints
+      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+        --out "$R" --sampled
+      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+        --out "$R" --sampled --codes
+      pack stage0 ;;
+    v2)
+      checkpoints
+      [ -f "$CK/v2/config.json" ] || python3 -m vllm_omni_kani.tools.make_checkpoint "$CK/v2" --preset 350m \
+        --variant v2 --force > "$R/ckpt-v2.log" 2>&1
+      serve_sweeps 0 v2 "$CK/v2" stage_configs/kani_tts.yaml 290 $SHORT
+      cleanup
+      serve_sweeps 0 flattened-v1 "$CK/flat" stage_configs/kani_tts.yaml 270 $SHORT
+      cleanup
+      pack v2 ;;
+    replicas1)
+      checkpoints
+      # Two codec engines on the one GPU: kani_tts_codec_replicas.yaml with every device 0 (written next to it, so
+      # its base_config resolves).
+      sed -e 's/devices: "1,1"/devices: "0,0"/' -e 's/gpu_memory_utilization: 0.3/gpu_memory_utilization: 0.15/' \
+        stage_configs/kani_tts_codec_replicas.yaml > stage_configs/kani_tts_codec_replicas_1gpu.yaml
+      serve_sweeps 0 codec-replicas-1gpu "$CK/par" stage_configs/kani_tts_codec_replicas_1gpu.yaml 330 250:64,256
+      cleanup
+      pack replicas1 ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1)"; exit 2 ;;
   esac
 done
