@@ -27,11 +27,12 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import logger, patch
+    from vllm_omni_kani import logger, lora_patch, patch
 
     logger.route_to_vllm()
 
     patch.apply_all()
+    lora_patch.apply_all()
     _register_models()
     _register_pipelines()
 

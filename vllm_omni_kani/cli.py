@@ -1,4 +1,4 @@
-"""The ``vllm-omni-kani`` command: checkpoint factory and benchmarks."""
+"""The ``vllm-omni-kani`` command: checkpoint and LoRA-adapter factories, and benchmarks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_omni_kani.benchmarks import bench_tts
-from vllm_omni_kani.tools import make_checkpoint
+from vllm_omni_kani.tools import lora_factory, make_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     mk = sub.add_parser("make-checkpoint", help="write a random-weight Kani checkpoint")
     make_checkpoint.add_arguments(mk)
     mk.set_defaults(func=make_checkpoint.run)
+    lora = sub.add_parser("make-lora", help="write a random LoRA adapter (a LoRA voice) for a checkpoint")
+    lora_factory.add_arguments(lora)
+    lora.set_defaults(func=lora_factory.run)
     bench = sub.add_parser("bench", help="stream speech from a running server at several concurrencies; baselines")
     bench_tts.add_arguments(bench)
     bench.set_defaults(func=bench_tts.run)

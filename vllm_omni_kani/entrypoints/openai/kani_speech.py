@@ -26,7 +26,7 @@ import torch
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
 from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
-from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS, parse_options
+from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ async def prepare_kani_speech(
     error = adapter.validate(request)
     if error:
         raise ValueError(error)
-    options = parse_options(request, adapter.settings)
+    options = adapter.options(request)
     segments = split_text(request.input, MAX_SEGMENT_CHARS)
     streaming = request.is_streaming()
     native = adapter.settings.sample_rate

@@ -9,6 +9,7 @@ The same knobs are also accepted in ``extra_params`` (vLLM-Omni's generic channe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,20 +59,38 @@ class KaniSpeechOptions:
     top_k: int
     repetition_penalty: float
     sample_rate: int | None  # None: the codec's native rate
+    lora_voice: str | None = None  # a LoRA voice (lower case): Stage 0 runs with its adapter
 
 
-def resolve_speaker(voice: str | None, settings: KaniTTSSettings) -> str | None:
-    """Speaker prefix for ``voice`` (case-insensitive); OpenAI names and no voice → default speaker."""
+def resolve_speaker(
+    voice: str | None, settings: KaniTTSSettings, lora_voices: Mapping[str, str | None] | None = None
+) -> str | None:
+    """Speaker prefix for ``voice`` (case-insensitive); OpenAI names and no voice → default speaker.
+
+    ``lora_voices`` maps each LoRA voice (lower case) to the speaker it is prompted with; the checkpoint's own
+    speakers and the OpenAI names come first."""
     if voice is None or voice.lower() in OPENAI_VOICES or voice.lower() == "default":
         return settings.default_speaker
     by_lower = {s.lower(): s for s in settings.speakers}
     if voice.lower() in by_lower:
         return by_lower[voice.lower()]
+    if lora_voices and voice.lower() in lora_voices:
+        return lora_voices[voice.lower()]
     available = ", ".join(sorted(settings.speakers)) or "(this checkpoint has no named speakers)"
+    if lora_voices:
+        available += f"; LoRA voices: {', '.join(sorted(lora_voices))}"
     raise SpeechRequestError(
         f"Unknown voice '{voice}'. Available: {available}. OpenAI voice names "
         f"({', '.join(sorted(OPENAI_VOICES))}) use the default speaker."
     )
+
+
+def lora_voice_of(voice: str | None, settings: KaniTTSSettings, lora_voices: Mapping[str, Any] | None) -> str | None:
+    """``voice`` (lower case) when it names a LoRA voice rather than a built-in one, else None."""
+    if not voice or not lora_voices or voice.lower() not in lora_voices:
+        return None
+    builtin = {s.lower() for s in settings.speakers} | OPENAI_VOICES | {"default"}
+    return None if voice.lower() in builtin else voice.lower()
 
 
 def _number(name: str, value: Any, *, integer: bool = False) -> float:
@@ -82,8 +101,12 @@ def _number(name: str, value: Any, *, integer: bool = False) -> float:
     return value
 
 
-def parse_options(request: Any, settings: KaniTTSSettings) -> KaniSpeechOptions:
-    """Check every Kani-relevant field of ``request``; raise :class:`SpeechRequestError` on the first problem."""
+def parse_options(
+    request: Any, settings: KaniTTSSettings, lora_voices: Mapping[str, str | None] | None = None
+) -> KaniSpeechOptions:
+    """Check every Kani-relevant field of ``request``; raise :class:`SpeechRequestError` on the first problem.
+
+    ``lora_voices``: the server's LoRA voices, lower case → speaker (see :func:`resolve_speaker`)."""
     for name, why in UNSUPPORTED_FIELDS.items():
         if getattr(request, name, None) not in (None, False):
             raise SpeechRequestError(f"'{name}' is not supported by Kani TTS: {why}.")
@@ -135,12 +158,13 @@ def parse_options(request: Any, settings: KaniTTSSettings) -> KaniSpeechOptions:
         sample_rate = None
 
     return KaniSpeechOptions(
-        speaker=resolve_speaker(request.voice, settings),
+        speaker=resolve_speaker(request.voice, settings, lora_voices),
         temperature=float(temperature),
         top_p=float(top_p),
         top_k=int(top_k),
         repetition_penalty=float(penalty),
         sample_rate=sample_rate,
+        lora_voice=lora_voice_of(request.voice, settings, lora_voices),
     )
 
 

@@ -5,7 +5,8 @@ voice names mapped to the default speaker, Kani's prompt layout around ``"{tag}:
 the request's sampling knobs on top of the checkpoint's defaults (``kani_tts.sampling``, else its
 ``generation_config.json``, else the official packages' values), and a Kani-TTS-2 speaker embedding:
 precomputed (``speaker_embedding``), or from reference audio, uploaded as a voice or inline as
-``ref_audio`` (``voice_clone.py``). Long input, resampling and output shaping live in ``kani_speech.py``.
+``ref_audio`` (``voice_clone.py``), and LoRA voices: a ``voice`` that names a fine-tuned speaker adapter, which
+Stage 0 runs with (``lora_voices.py``). Long input, resampling and output shaping live in ``kani_speech.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from vllm_omni.entrypoints.openai.tts_adapters.base import ARTTSAdapter, PreparedRequest, SpeechServingContext
 
+from vllm_omni_kani.entrypoints.openai.lora_voices import LORA_REQUEST_KEY, LoRAVoices
 from vllm_omni_kani.entrypoints.openai.speech_request import (
     MAX_SEGMENT_CHARS,
     KaniSpeechOptions,
@@ -80,6 +82,8 @@ class KaniTTSAdapter(ARTTSAdapter):
             server, self.speaker_emb_dim, self.model_path, getattr(stage_args, "additional_config", None)
         )
         self.cloning.install()
+        self.lora_voices = LoRAVoices(server, stage_args, self.settings.speakers, self.settings.default_speaker)
+        self.lora_voices.install()
         self._tokenizer: Any = None
 
     def normalize(self, request: Any) -> None:
@@ -117,8 +121,9 @@ class KaniTTSAdapter(ARTTSAdapter):
 
     def options(self, request: Any) -> KaniSpeechOptions:
         """The request's checked options (after ``normalize``)."""
+        lora_voices = {name.lower(): self.lora_voices.speaker_for(name) for name in self.lora_voices.names()}
         try:
-            return parse_options(request, self.settings)
+            return parse_options(request, self.settings, lora_voices)
         except SpeechRequestError:
             if self.cloning.uploaded(request.voice) is not None:
                 self.cloning.check_uploaded_voice(request.voice)  # says why this model cannot speak an upload
@@ -206,6 +211,11 @@ class KaniTTSAdapter(ARTTSAdapter):
         vector = await self._speaker_vector(request, source)
         prompt_ids = await self._prompt_ids(request.input.strip(), options.speaker, language)
         prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+        if options.lora_voice is not None:
+            lora_request = self.lora_voices.request_for(options.lora_voice)
+            if lora_request is None:  # unloaded since the request was checked
+                raise SpeechRequestError(f"Unknown voice '{request.voice}'.")
+            prompt[LORA_REQUEST_KEY] = lora_request
         if vector is not None:
             # The embedding becomes the prompt's second row (see kani_tts2_lm.SpeakerSplice).
             prompt_ids = prompt["prompt_token_ids"] = tl.with_speaker_slot(prompt_ids)
@@ -227,6 +237,8 @@ class KaniTTSAdapter(ARTTSAdapter):
         stage0.stop_token_ids = [tl.END_OF_SPEECH]
         sampling_params_list[0] = stage0
         tts_params = {"speaker": [options.speaker], "text": [request.input]}
+        if options.lora_voice is not None:
+            tts_params["lora_voice"] = [options.lora_voice]
         return PreparedRequest(prompt=prompt, tts_params=tts_params, model_type=MODEL_TYPE)
 
     async def _speaker_vector(self, request: Any, source: str | None) -> list[float] | None:

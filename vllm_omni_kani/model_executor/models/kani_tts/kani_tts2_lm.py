@@ -37,6 +37,7 @@ from vllm.model_executor.layers.linear import ReplicatedLinear
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, KaniConfigError
+from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
 
 logger = init_logger(__name__)
 
@@ -193,7 +194,9 @@ class SpeakerSplice(nn.Module):
         for k, (start, end) in enumerate(owners):
             owner[start:end] = k
         owner = owner.to(input_ids.device, non_blocking=True)
-        projected, _ = self.speaker_emb_projection(torch.stack(vectors).to(embeds.device, embeds.dtype))
+        # One row per request, not the step's tokens: never through a LoRA wrapper (see lora.py).
+        projection = without_lora(self.speaker_emb_projection)
+        projected, _ = projection(torch.stack(vectors).to(embeds.device, embeds.dtype))
         splice = (input_ids == tl.SPEAKER_EMBEDDING_SLOT) & (owner >= 0)
         return torch.where(splice[:, None], projected[owner.clamp(min=0)], embeds)
 

@@ -39,6 +39,7 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
+from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 
 logger = init_logger(__name__)
@@ -176,7 +177,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
 
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[R, H]`` → ``[R, 3, CODEBOOK_SIZE]``."""
-        out, _ = self.code_heads(hidden)
+        out, _ = without_lora(self.code_heads)(hidden)  # R sampled rows, not the step's tokens
         return out.view(-1, NUM_CODE_HEADS, tl.CODEBOOK_SIZE)
 
     def make_omni_output(self, model_output: Any, **kwargs: Any) -> Any:
