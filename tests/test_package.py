@@ -1,5 +1,6 @@
 """The package installs, imports cheaply and is discovered by vLLM's plugin loader."""
 
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -32,3 +33,32 @@ def test_vllm_loads_the_plugin_and_register_is_idempotent():
     # On CPU every CPU-guarded patch is active (vLLM 0.26 here).
     assert "keep_narrow_conv_weights_unpacked" in out.stdout
     assert "rotate_flattened_heads_on_cpu" in out.stdout
+
+
+def test_runner_outputs_pickle_their_payload_tensors_as_numpy():
+    """Worker -> engine core is a pickle per step on CPU: payload tensors come back equal, as one shared list when the
+    runner passed one, and a row sliced from a big batch does not drag the batch's storage along."""
+    code = (
+        "import pickle, torch, vllm_omni_kani\n"
+        "from vllm_omni_kani import patch\n"
+        "assert patch.pickle_runner_payload_tensors_as_numpy()\n"
+        "from vllm_omni.outputs import OmniModelRunnerOutput\n"
+        "batch = torch.arange(256 * 3 * 64, dtype=torch.long).view(256 * 64, 3)\n"
+        "hidden = torch.randn(256, 16).to(torch.bfloat16)\n"
+        "mm = [{'codes': {'audio': batch[i * 64:(i + 1) * 64]}, 'hidden': hidden[i]} for i in range(256)]\n"
+        "out = OmniModelRunnerOutput(req_ids=[str(i) for i in range(256)], req_id_to_index={},\n"
+        "    sampled_token_ids=[], logprobs=None, prompt_logprobs_dict={}, pooler_output=None,\n"
+        "    multimodal_outputs=mm, inter_stage_outputs=mm)\n"
+        "row = OmniModelRunnerOutput(req_ids=['0'], req_id_to_index={}, sampled_token_ids=[], logprobs=None,\n"
+        "    prompt_logprobs_dict={}, pooler_output=None, multimodal_outputs=mm[:1], inter_stage_outputs=None)\n"
+        "back = pickle.loads(pickle.dumps(out))\n"
+        "assert back.inter_stage_outputs is back.multimodal_outputs\n"
+        "for got, want in zip(back.multimodal_outputs, mm):\n"
+        "    assert torch.equal(got['codes']['audio'], want['codes']['audio'])\n"
+        "    assert got['hidden'].dtype == torch.bfloat16 and torch.equal(got['hidden'], want['hidden'])\n"
+        "print('row bytes', len(pickle.dumps(row)), 'batch bytes', batch.numel() * 8)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row_bytes, batch_bytes = map(int, re.search(r"row bytes (\d+) batch bytes (\d+)", out.stdout).groups())
+    assert row_bytes < batch_bytes / 100  # one 64 x 3 row, not the 16,384 x 3 batch
