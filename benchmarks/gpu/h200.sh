@@ -12,6 +12,8 @@
 #            YAML, then the v1 flattened checkpoint the same way (64-frame requests, 1/64/256 streams)
 #   replicas1  two Stage-1 engines sharing GPU 0 with Stage 0 (num_replicas 2), 250-frame requests at 64 and 256
 #            streams; send after `shipped` for the one-engine reference of the same call sequence
+#   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
+#            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -71,6 +73,14 @@ for phase in "$@"; do
       serve_sweeps 0 codec-replicas-1gpu "$CK/par" stage_configs/kani_tts_codec_replicas_1gpu.yaml 330 250:64,256
       cleanup
       pack replicas1 ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1)"; exit 2 ;;
+    budget)
+      checkpoints
+      # An overlay of the shipped file, written next to it so that its base_config resolves.
+      printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 1" "    max_num_seqs: 64" \
+        "    additional_config:" "      codec_state_slots: 1024" > stage_configs/kani_tts_codec_budget64.yaml
+      serve_sweeps 0 codec-budget64 "$CK/par" stage_configs/kani_tts_codec_budget64.yaml 420 64:256 250:256
+      cleanup
+      pack budget ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1, budget)"; exit 2 ;;
   esac
 done
