@@ -1,4 +1,4 @@
-"""The ``vllm-omni-kani`` command: checkpoint and LoRA-adapter factories, and benchmarks."""
+"""The ``vllm-omni-kani`` command: checkpoint and LoRA-adapter factories, INT4 quantization, and benchmarks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_omni_kani.benchmarks import bench_tts
-from vllm_omni_kani.tools import lora_factory, make_checkpoint
+from vllm_omni_kani.tools import lora_factory, make_checkpoint, quantize_w4a16
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     lora = sub.add_parser("make-lora", help="write a random LoRA adapter (a LoRA voice) for a checkpoint")
     lora_factory.add_arguments(lora)
     lora.set_defaults(func=lora_factory.run)
+    int4 = sub.add_parser("quantize-w4a16", help="write a W4A16 (INT4 weight-only) copy of a checkpoint")
+    quantize_w4a16.add_arguments(int4)
+    int4.set_defaults(func=quantize_w4a16.run)
     bench = sub.add_parser("bench", help="stream speech from a running server at several concurrencies; baselines")
     bench_tts.add_arguments(bench)
     bench.set_defaults(func=bench_tts.run)

@@ -12,6 +12,8 @@
 #            YAML, then the v1 flattened checkpoint the same way (64-frame requests, 1/64/256 streams)
 #   replicas1  two Stage-1 engines sharing GPU 0 with Stage 0 (num_replicas 2), 250-frame requests at 64 and 256
 #            streams; send after `shipped` for the one-engine reference of the same call sequence
+#   int4     W4A16 copies (--backend rtn, group 128) of the 350m checkpoints: the backbone step (stock vLLM) and the
+#            Stage-0 step with greedy codes, bf16 vs INT4, and their code agreement
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -81,6 +83,22 @@ for phase in "$@"; do
       serve_sweeps 0 codec-budget64 "$CK/par" stage_configs/kani_tts_codec_budget64.yaml 420 64:256 250:256
       cleanup
       pack budget ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1, budget)"; exit 2 ;;
+    int4)
+      checkpoints
+      for v in par flat; do
+        [ -f "$CK/$v-w4a16/config.json" ] || python3 -m vllm_omni_kani.tools.quantize_w4a16 "$CK/$v" "$CK/$v-w4a16" \
+          --group-size 128 --backend rtn > "$R/quantize-$v.log" 2>&1
+      done
+      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock --out "$R"
+      step stock-w4a16 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat-w4a16" --engine vllm \
+        --label stock-w4a16 --out "$R"
+      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+        --out "$R" --codes
+      step stage0-w4a16 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par-w4a16" --engine omni \
+        --label stage0-w4a16 --out "$R" --codes
+      step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
+        "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
+      pack int4 ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1, budget, int4)"; exit 2 ;;
   esac
 done

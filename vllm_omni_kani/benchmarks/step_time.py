@@ -11,7 +11,8 @@
 A step is timed as the difference of two runs of the same batch that differ only in the number of decode steps
 (``min_tokens = max_tokens``, so nothing stops early): ``(t(long) - t(short)) / (long - short)``. Prefill,
 scheduling of new requests and output collection cancel out. ``--codes`` also records greedy frames of fixed
-prompts, which ``--compare`` turns into code agreement between two runs (bf16 vs fp8).
+prompts, which ``--compare`` turns into code agreement between two runs (bf16 vs fp8, or vs a W4A16
+checkpoint of ``tools/quantize_w4a16.py``, whose quantization vLLM reads from its ``config.json``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
             gpu_memory_utilization=0.1,
             enable_prefix_caching=False,
             quantization=args.quantization,
+            dtype=args.dtype,
             enforce_eager=args.enforce_eager,
             seed=0,
         )
@@ -85,6 +87,8 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
     stage0: dict[str, Any] = {"max_num_seqs": max_seqs, "kv_cache_memory_bytes": args.kv_bytes}
     if args.quantization:
         stage0["quantization"] = args.quantization
+    if args.dtype != "auto":
+        stage0["dtype"] = args.dtype
     if args.enforce_eager:
         stage0["enforce_eager"] = True
     omni = Omni(model=args.ckpt, deploy_config=str(derived_yaml(Path(args.deploy_config), stage0)))
@@ -162,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64, 128, 256])
-    parser.add_argument("--quantization", default=None, help="e.g. fp8 (Stage 0 weights)")
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="e.g. fp8 (Stage 0 weights); a compressed-tensors checkpoint (W4A16) needs none: vLLM reads config.json",
+    )
+    parser.add_argument("--dtype", default="auto", help="Stage 0 dtype (CPU W4A16 kernels take bfloat16 only)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
     parser.add_argument("--deploy-config", default=str(LM_ONLY_YAML), help="omni engine: LM-only deploy YAML")
     parser.add_argument("--kv-bytes", type=int, default=4 << 30)
