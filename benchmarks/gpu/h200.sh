@@ -25,6 +25,14 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
+# The Stage-0 step, ours vs stock vLLM on the same backbone (sampled, with our greedy codes for --compare).
+stage0_steps() {
+  step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+    --out "$R" --sampled
+  step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+    --out "$R" --sampled --codes
+}
+
 for phase in "$@"; do
   case $phase in
     codec)
@@ -45,17 +53,11 @@ for phase in "$@"; do
       checkpoints
       serve_sweeps 0 flattened "$CK/flat" stage_configs/kani_tts.yaml 420 $SHORT $LONG
       cleanup
-      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
-        --out "$R" --sampled
-      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
-        --out "$R" --sampled --codes
+      stage0_steps
       pack flat ;;
     stage0)
       checkpoints
-      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
-        --out "$R" --sampled
-      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
-        --out "$R" --sampled --codes
+      stage0_steps
       pack stage0 ;;
     v2)
       checkpoints
