@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -237,3 +237,13 @@ def _stop_leftover_servers() -> None:
     for server in list(ServeProcess.live):
         with contextlib.suppress(Exception):
             server.stop(grace_s=10.0)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float:
+    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)
+    return time.monotonic() - start

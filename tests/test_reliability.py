@@ -17,7 +17,6 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.server_utils import wait_for
 from vllm_omni_kani.entrypoints.openai.admission import (
     ENV_MAX_CONCURRENT,
     ENV_QUEUE_FACTOR,
@@ -118,16 +118,6 @@ def metric(server, name: str, **labels) -> float:
     value = sample_value(metrics_text(server), name, labels)
     assert value is not None, f"{name}{labels} not on /metrics"
     return value
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float:
-    """Seconds until ``predicate()`` held; fails after ``timeout_s``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(interval_s)
-    return time.monotonic() - start
 
 
 def aborted_in_engine(server, request_id: str) -> bool:

@@ -36,6 +36,7 @@ import pytest
 import soundfile as sf
 
 from tests.server_utils import _BASE_ENV, REPO_ROOT, STAGE_CONFIGS, ServeProcess, free_port, vllm_executable
+from tests.server_utils import wait_for as _wait_for
 from vllm_omni_kani.benchmarks.server import serve_argv
 from vllm_omni_kani.entrypoints.openai.metrics import sample_value
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME
@@ -116,13 +117,9 @@ def assert_freed(base_url: str, replicas: int) -> None:
     assert all(value is not None and value <= 1 for value in running), running
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(interval_s)
-    return time.monotonic() - start
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """``server_utils.wait_for`` polling every 0.2 s: each poll here may read /metrics of a loaded 2-core box."""
+    return _wait_for(predicate, timeout_s, interval_s=0.2)
 
 
 def aborted_in_engine(log_text: str, request_id: str) -> bool:
