@@ -14,6 +14,8 @@
 #            streams; send after `shipped` for the one-engine reference of the same call sequence
 #   int4     W4A16 copies (--backend rtn, group 128) of the 350m checkpoints: the backbone step (stock vLLM) and the
 #            Stage-0 step with greedy codes, bf16 vs INT4, and their code agreement
+#   async    the shipped YAML with Stage 0's async scheduling on, i.e. vLLM-Omni's deferred output building (the
+#            model opts in with use_async_omni_output): served at 64 and 250 frames, and audio == Stage-0 frames
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -31,6 +33,11 @@ stage0_steps() {
     --out "$R" --sampled
   step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
     --out "$R" --sampled --codes
+  # The same with async scheduling and vLLM-Omni's deferred output building; its greedy codes must be stage0's.
+  step stage0-async 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
+    --label stage0-async --out "$R" --sampled --codes --async-output
+  step agreement-async 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
+    "$R/stage0-async.json" --label agreement-async --out "$R"
 }
 
 for phase in "$@"; do
@@ -77,6 +84,15 @@ for phase in "$@"; do
       serve_sweeps 0 codec-replicas-1gpu "$CK/par" stage_configs/kani_tts_codec_replicas_1gpu.yaml 330 250:64,256
       cleanup
       pack replicas1 ;;
+    async)
+      checkpoints
+      printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 0" "    async_scheduling: true" \
+        > stage_configs/kani_tts_async_output.yaml
+      serve_sweeps 0 async-output "$CK/par" stage_configs/kani_tts_async_output.yaml 540 $SHORT $LONG
+      cleanup
+      step audio-vs-frames 60 python3 benchmarks/audio_vs_frames.py "$R/serve-async-output.log" \
+        --tokens-per-frame 1 --json "$R/audio-vs-frames-async-output.json"
+      pack async ;;
     budget)
       checkpoints
       # An overlay of the shipped file, written next to it so that its base_config resolves.
@@ -101,6 +117,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, v2, replicas1, budget, int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, v2, replicas1, budget, int4)"; exit 2 ;;
   esac
 done

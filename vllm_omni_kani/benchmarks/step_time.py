@@ -45,9 +45,10 @@ def prompts(batch: int, offset: int = 0) -> list[list[int]]:
     return [tl.build_prompt([tl.START_OF_TEXT, *range(s, s + PROMPT_TEXT_TOKENS)]) for s in starts]
 
 
-def derived_yaml(base: Path, stage0: dict[str, Any]) -> Path:
-    """``base`` with Stage 0's fields updated (written to a temporary file)."""
+def derived_yaml(base: Path, stage0: dict[str, Any], top: dict[str, Any] | None = None) -> Path:
+    """``base`` with Stage 0's fields and top-level keys updated (written to a temporary file)."""
     config = yaml.safe_load(base.read_text())
+    config.update(top or {})
     config["stages"][0].update(stage0)
     tmp = Path(tempfile.mkdtemp(prefix="kani-bench-")) / base.name
     tmp.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -91,7 +92,13 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
         stage0["dtype"] = args.dtype
     if args.enforce_eager:
         stage0["enforce_eager"] = True
-    omni = Omni(model=args.ckpt, deploy_config=str(derived_yaml(Path(args.deploy_config), stage0)))
+    top: dict[str, Any] = {}
+    if args.async_output:
+        # The served pipeline's conditions for vLLM-Omni's deferred output building: async scheduling on Stage 0
+        # and async_chunk (which a lone stage never uses to send anything).
+        stage0["async_scheduling"] = True
+        top["async_chunk"] = True
+    omni = Omni(model=args.ckpt, deploy_config=str(derived_yaml(Path(args.deploy_config), stage0, top)))
 
     def generate(ps: list[list[int]], params: Any) -> list[Any]:
         outs = omni.generate([{"prompt_token_ids": p} for p in ps], [params])
@@ -174,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="Stage 0 dtype (CPU W4A16 kernels take bfloat16 only)")
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs, no torch.compile")
     parser.add_argument("--deploy-config", default=str(LM_ONLY_YAML), help="omni engine: LM-only deploy YAML")
+    parser.add_argument(
+        "--async-output",
+        action="store_true",
+        help="omni engine: async scheduling with vLLM-Omni's deferred output building (GPU; a no-op on CPU)",
+    )
     parser.add_argument("--kv-bytes", type=int, default=4 << 30)
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")
     parser.add_argument("--codes", action="store_true", help="record greedy frames (omni engine, parallel heads)")
@@ -193,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "kind": "step",
         "label": label,
-        "engine": args.engine + (f" {args.quantization}" if args.quantization else ""),
+        "engine": args.engine
+        + (f" {args.quantization}" if args.quantization else "")
+        + (" async-output" if args.async_output else ""),
         "meta": report.environment(),
         "ckpt": args.ckpt,
         "step_ms": step_times(generate, args.batches, greedy=True, log=print),

@@ -58,6 +58,11 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     """vLLM LFM2 plus the speech grammar mask; subclasses choose the variant."""
 
     variant = "flattened"
+    # Opt in to vLLM-Omni's deferred output building: with async scheduling (and async_chunk) the runner copies the
+    # step's payload to pinned memory on a side stream and builds the per-request outputs while the next step runs,
+    # instead of waiting for the GPU inside every step. Safe here: nothing the next step needs is computed from
+    # the payload (the grammar phase and frame positions live on the device), and there is no postprocess.
+    use_async_omni_output = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
