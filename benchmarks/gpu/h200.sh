@@ -107,11 +107,13 @@ for phase in "$@"; do
         [ -f "$CK/$v-w4a16/config.json" ] || python3 -m vllm_omni_kani.tools.quantize_w4a16 "$CK/$v" "$CK/$v-w4a16" \
           --group-size 128 --backend rtn > "$R/quantize-$v.log" 2>&1
       done
-      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock --out "$R"
+      # bf16 references: those of an earlier stage0 phase in this call sequence when present.
+      [ -f "$R/stock.json" ] || step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" \
+        --engine vllm --label stock --out "$R"
       step stock-w4a16 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat-w4a16" --engine vllm \
         --label stock-w4a16 --out "$R"
-      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
-        --out "$R" --codes
+      [ -f "$R/stage0.json" ] || step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
+        --engine omni --label stage0 --out "$R" --codes
       step stage0-w4a16 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par-w4a16" --engine omni \
         --label stage0-w4a16 --out "$R" --codes
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
