@@ -14,8 +14,8 @@
 #            streams; send after `shipped` for the one-engine reference of the same call sequence
 #   int4     W4A16 copies (--backend rtn, group 128) of the 350m checkpoints: the backbone step (stock vLLM) and the
 #            Stage-0 step with greedy codes, bf16 vs INT4, and their code agreement
-#   async    the shipped YAML with Stage 0's async scheduling on, i.e. vLLM-Omni's deferred output building (the
-#            model opts in with use_async_omni_output): served at 64 and 250 frames, and audio == Stage-0 frames
+#   async    the shipped YAML with Stage 0's async scheduling and vLLM-Omni's deferred output building on (the
+#            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -33,7 +33,7 @@ stage0_steps() {
     --out "$R" --sampled
   step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
     --out "$R" --sampled --codes
-  # The same with async scheduling and vLLM-Omni's deferred output building; its greedy codes must be stage0's.
+  # The same with async scheduling and vLLM-Omni's deferred output building, greedy codes compared with stage0's.
   step stage0-async 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
     --label stage0-async --out "$R" --sampled --codes --async-output
   step agreement-async 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
@@ -87,7 +87,7 @@ for phase in "$@"; do
     async)
       checkpoints
       printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 0" "    async_scheduling: true" \
-        > stage_configs/kani_tts_async_output.yaml
+        "    additional_config:" "      kani_async_omni_output: true" > stage_configs/kani_tts_async_output.yaml
       serve_sweeps 0 async-output "$CK/par" stage_configs/kani_tts_async_output.yaml 540 $SHORT $LONG
       cleanup
       step audio-vs-frames 60 python3 benchmarks/audio_vs_frames.py "$R/serve-async-output.log" \

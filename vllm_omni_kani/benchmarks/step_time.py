@@ -94,9 +94,10 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
         stage0["enforce_eager"] = True
     top: dict[str, Any] = {}
     if args.async_output:
-        # The served pipeline's conditions for vLLM-Omni's deferred output building: async scheduling on Stage 0
-        # and async_chunk (which a lone stage never uses to send anything).
+        # vLLM-Omni's deferred output building: the model's switch, plus the served pipeline's conditions for it
+        # (async scheduling on Stage 0, and async_chunk, which a lone stage never uses to send anything).
         stage0["async_scheduling"] = True
+        stage0["additional_config"] = {"kani_async_omni_output": True}
         top["async_chunk"] = True
     omni = Omni(model=args.ckpt, deploy_config=str(derived_yaml(Path(args.deploy_config), stage0, top)))
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--async-output",
         action="store_true",
-        help="omni engine: async scheduling with vLLM-Omni's deferred output building (GPU; a no-op on CPU)",
+        help="omni engine: async scheduling and vLLM-Omni's deferred output building (GPU; synchronous on CPU)",
     )
     parser.add_argument("--kv-bytes", type=int, default=4 << 30)
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")

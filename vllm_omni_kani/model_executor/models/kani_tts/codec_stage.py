@@ -37,7 +37,7 @@ from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani.envs import trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
     check_matches_stage0,
@@ -98,12 +98,6 @@ def window_of(info: Any) -> tuple[torch.Tensor, int] | None:
 def _meta(info: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = info.get("meta")
     return meta if isinstance(meta, Mapping) else {}
-
-
-def additional_config(vllm_config: Any) -> Mapping[str, Any]:
-    """The stage's ``additional_config`` block of the deploy YAML ({} when absent)."""
-    config = getattr(vllm_config, "additional_config", None) or {}
-    return config if isinstance(config, Mapping) else {}
 
 
 def stream_position(info: Any) -> tuple[int | None, bool]:

@@ -36,6 +36,12 @@ SAMPLES_PER_FRAME = 1764
 Variant = Literal["parallel", "flattened"]
 
 
+def additional_config(vllm_config: Any) -> Mapping[str, Any]:
+    """A stage's ``additional_config`` block of the deploy YAML ({} when absent)."""
+    config = getattr(vllm_config, "additional_config", None) or {}
+    return config if isinstance(config, Mapping) else {}
+
+
 class KaniConfigError(ValueError):
     """A checkpoint whose config cannot be served as Kani TTS."""
 

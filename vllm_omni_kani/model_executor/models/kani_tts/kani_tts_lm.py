@@ -37,7 +37,7 @@ from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
@@ -58,14 +58,13 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     """vLLM LFM2 plus the speech grammar mask; subclasses choose the variant."""
 
     variant = "flattened"
-    # Opt in to vLLM-Omni's deferred output building: with async scheduling (and async_chunk) the runner copies the
-    # step's payload to pinned memory on a side stream and builds the per-request outputs while the next step runs,
-    # instead of waiting for the GPU inside every step. Safe here: nothing the next step needs is computed from
-    # the payload (the grammar phase and frame positions live on the device), and there is no postprocess.
-    use_async_omni_output = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
+        # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
+        # (docs/BENCHMARKS.md, "Stage-0 host work").
+        self.use_async_omni_output = bool(additional_config(vllm_config).get("kani_async_omni_output", False))
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
         frame_level = FrameLevelSettings.from_hf_config(self.config)
         self.kani_tts2 = None
