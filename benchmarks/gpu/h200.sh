@@ -16,6 +16,8 @@
 #            Stage-0 step with greedy codes, bf16 vs INT4, and their code agreement
 #   async    the shipped YAML with Stage 0's async scheduling and vLLM-Omni's deferred output building on (the
 #            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
+#   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
+#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -93,6 +95,12 @@ for phase in "$@"; do
       step audio-vs-frames 60 python3 benchmarks/audio_vs_frames.py "$R/serve-async-output.log" \
         --tokens-per-frame 1 --json "$R/audio-vs-frames-async-output.json"
       pack async ;;
+    profile)
+      checkpoints
+      step profile 300 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+        --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256
+      cleanup
+      pack profile ;;
     budget)
       checkpoints
       # An overlay of the shipped file, written next to it so that its base_config resolves.
@@ -119,6 +127,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, v2, replicas1, budget, int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, profile, v2, replicas1, budget, int4)"; exit 2 ;;
   esac
 done

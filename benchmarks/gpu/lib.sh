@@ -7,11 +7,14 @@ set -u
 if [ -f .devsrc/src.tar ]; then
   rm -rf vllm_omni_kani && tar -xf .devsrc/src.tar && echo "package: $(cat .devsrc/commit 2>/dev/null)"
 fi
-# Wheels the image lacks (pytest for the CUDA-only tests), carried in .whl/.
+# Wheels the image lacks (pytest for the CUDA-only tests, py-spy for the profile phase), carried in .whl/, made here:
+#   python3 -m pip download -d .whl --only-binary :all: --platform manylinux2014_x86_64 --python-version 3.12 \
+#     pytest==8.4.2 py-spy==0.4.1
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/whl .whl/*.whl
 fi
 export PYTHONPATH=$PWD:/tmp/kani-dist:/tmp/site:/tmp/whl
+export PATH=/tmp/whl/bin:$PATH  # py-spy, when its wheel is carried
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_COLOR=0
 R=/tmp/kani-results
 CK=/tmp/ck

@@ -1,0 +1,171 @@
+"""Where a loaded server's host time goes: CPU per process and thread, and py-spy stacks of the busy processes.
+
+    python3 benchmarks/gpu/profile_served.py --ckpt CK --deploy-config Y --out R [--frames 250 --streams 256]
+
+Starts one `vllm serve --omni` server, loads it with ``bench`` (FRAMES-frame requests at STREAMS concurrent
+streams), and once the load is steady measures for SECONDS: the CPU time of every process of the server's tree
+and of its busiest threads (from /proc, so it costs the server nothing), and, where ``py-spy`` is on PATH, a
+non-blocking py-spy profile of the API server (all threads, and GIL holders only) and of each stage's engine core.
+A single-threaded Python process at ~100% CPU (or a GIL held ~100% of the time) is the wall the GPUs wait on.
+Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from vllm_omni_kani.benchmarks import bench_tts
+from vllm_omni_kani.benchmarks.server import serving
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def tree(root: int) -> list[int]:
+    """``root`` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children[ppid].append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def cpu_ticks(stat: Path) -> tuple[str, int] | None:
+    """``(comm, utime + stime)`` from a /proc stat file."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text.rsplit(")", 1)[1].split()
+    return comm, int(fields[11]) + int(fields[12])
+
+
+def snapshot(pids: list[int]) -> dict[str, tuple[str, int]]:
+    """CPU ticks per process (``"pid"``) and per thread (``"pid/tid"``)."""
+    snap = {}
+    for pid in pids:
+        proc = cpu_ticks(Path(f"/proc/{pid}/stat"))
+        if proc is None:
+            continue
+        snap[str(pid)] = proc
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            thread = cpu_ticks(task / "stat")
+            if thread is not None:
+                snap[f"{pid}/{task.name}"] = thread
+    return snap
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return ""
+
+
+def top_stacks(raw: Path, count: int = 40) -> dict[str, object]:
+    """Inclusive sample counts per function of a py-spy ``raw`` (collapsed) file."""
+    total, inclusive = 0, collections.Counter()
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        total += int(n)
+        for frame in {re.sub(r":\d+\)$", ")", f) for f in stack.split(";")}:
+            inclusive[frame] += int(n)
+    return {"samples": total, "inclusive": inclusive.most_common(count)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--deploy-config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--label", default="shipped")
+    parser.add_argument("--frames", type=int, default=250)
+    parser.add_argument("--streams", type=int, default=256)
+    parser.add_argument("--delay", type=float, default=20.0, help="seconds of load before measuring")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy")
+    with serving(args.ckpt, args.deploy_config, out / f"serve-profile-{args.label}.log") as server:
+        argv = ["--url", server.url, "--model", args.ckpt, "--label", f"profile-load-{args.label}"]
+        argv += ["--max-new-frames", str(args.frames), "--concurrency", str(args.streams)]
+        argv += ["--requests", str(args.streams * 3), "--warmup", "0", "--out", str(out)]
+        bench_parser = argparse.ArgumentParser()
+        bench_tts.add_arguments(bench_parser)
+        bench_args = bench_parser.parse_args(argv)
+        load = threading.Thread(
+            target=bench_tts.run_serve_bench, args=(bench_args, server.url, args.ckpt, bench_args.label, 0.0)
+        )
+        load.start()
+        time.sleep(args.delay)
+        pids = tree(server.proc.pid)
+        names = {pid: cmdline(pid) for pid in pids}
+        busy = [pid for pid in pids if "VLLM::StageEngineCore" in names[pid] or pid == server.proc.pid]
+        spies = []
+        if py_spy:
+            common = ["record", "--nonblocking", "-r", str(args.rate), "-d", str(int(args.seconds)), "-f", "raw"]
+            for pid in busy:
+                spies.append(subprocess.Popen([py_spy, *common, "-p", str(pid), "-o", str(out / f"spy-{pid}.txt")]))
+            spies.append(
+                subprocess.Popen(
+                    [py_spy, *common, "--gil", "-p", str(server.proc.pid), "-o", str(out / "spy-api-gil.txt")]
+                )
+            )
+        before, t0 = snapshot(pids), time.monotonic()
+        time.sleep(args.seconds)
+        after, wall = snapshot(pids), time.monotonic() - t0
+        for spy in spies:
+            spy.wait(timeout=args.seconds + 60)
+        load.join()
+    rows = []
+    for key, (comm, ticks) in after.items():
+        if key in before:
+            share = (ticks - before[key][1]) / CLOCK_TICKS / wall
+            if "/" not in key or share >= 0.05:
+                pid = int(key.split("/")[0])
+                rows.append({"id": key, "comm": comm, "cpu": round(share, 3), "process": names.get(pid, "")})
+    rows.sort(key=lambda r: (r["id"].split("/")[0], -r["cpu"]))
+    result: dict[str, object] = {"label": args.label, "frames": args.frames, "streams": args.streams, "cpu": rows}
+    stacks = {}
+    for raw in sorted(out.glob("spy-*.txt")):
+        stacks[raw.stem] = top_stacks(raw)
+    result["stacks"] = stacks
+    if "spy-api-gil" in stacks:
+        # py-spy --gil keeps only samples where a thread held the GIL: their share of all sample slots.
+        result["api_server_gil_held"] = round(stacks["spy-api-gil"]["samples"] / (args.rate * int(args.seconds)), 3)
+    result["api_server_pid"] = server.proc.pid
+    path = out / f"profile-{args.label}.json"
+    path.write_text(json.dumps(result, indent=1))
+    for row in rows:
+        if row["cpu"] >= 0.05:
+            print(f"{row['id']:>14} {row['comm']:<18} {100 * row['cpu']:5.0f}%  {row['process'][:60]}")
+    for name, stack in stacks.items():
+        print(name, "samples", stack["samples"], "top:", [f"{n} {f[:70]}" for f, n in stack["inclusive"][3:12]])
+    print(f"API server GIL held: {result.get('api_server_gil_held', '-')}", flush=True)
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
