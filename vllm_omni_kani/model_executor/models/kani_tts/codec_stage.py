@@ -229,12 +229,17 @@ class KaniNanoCodecForGeneration(nn.Module):
             self.streams.graphs = graphs
         else:
             self.graphs = graphs
+        device = self.decoder.device
         logger.info(
-            "Kani codec stage: captured %d CUDA graphs (batch %s x frames %s) in %.1f s",
+            "Kani codec stage: captured %d CUDA graphs (batch %s x frames %s) in %.1f s; torch holds %.2f GiB "
+            "allocated, %.2f GiB reserved on %s",
             count,
             graphs.batch_buckets,
             graphs.frame_buckets,
             time.perf_counter() - started,
+            torch.cuda.memory_allocated(device) / 2**30,
+            torch.cuda.memory_reserved(device) / 2**30,
+            device,
         )
 
     def _log_step(self, started: float, windows: list[torch.Tensor], lefts: list[int]) -> None:
