@@ -17,7 +17,8 @@
 #   async    the shipped YAML with Stage 0's async scheduling and vLLM-Omni's deferred output building on (the
 #            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
 #   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
-#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
+#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); then py-spy
+#            of the Stage-0 step at batch 256, stock vs ours (spy_step)
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -40,6 +41,23 @@ stage0_steps() {
     --label stage0-async --out "$R" --sampled --codes --async-output
   step agreement-async 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
     "$R/stage0-async.json" --label agreement-async --out "$R"
+}
+
+# spy_step NAME ENGINE CKPT: the Stage-0 step at batch 256 held steady (step_time --soak-seconds) while py-spy samples
+# its engine-core process for 15 s: where the host time of a step goes, ours vs stock, on this machine's CPU.
+spy_step() {
+  local name=$1 engine=$2 ckpt=$3 core
+  mkdir -p "$R/profile"
+  timeout -k 20 300 python3 -m vllm_omni_kani.benchmarks.step_time "$ckpt" --engine "$engine" --label "$name" \
+    --out "$R/profile" --batches 256 --soak-seconds 25 > "$R/profile/$name.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 1 240); do grep -q "soak: start" "$R/profile/$name.log" && break; sleep 1; done
+  sleep 3
+  core=$(pgrep -f "EngineCore" | head -1)
+  [ -n "$core" ] && timeout 60 py-spy record --nonblocking -r 200 -d 15 -f raw -p "$core" \
+    -o "$R/profile/spy-step-$name.txt" > "$R/profile/spy-step-$name.log" 2>&1
+  wait $job
+  echo "[$name] $(grep -E 'batch|soak: end' "$R/profile/$name.log" | tr '\n' ' ')"
 }
 
 for phase in "$@"; do
@@ -99,6 +117,9 @@ for phase in "$@"; do
       checkpoints
       step profile 300 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
         --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256
+      cleanup
+      spy_step stock-step vllm "$CK/flat"
+      spy_step stage0-step omni "$CK/par"
       cleanup
       pack profile ;;
     budget)

@@ -37,6 +37,7 @@ LM_ONLY_YAML = REPO_ROOT / "benchmarks" / "configs" / "kani_tts_lm.yaml"
 PROMPT_TEXT_TOKENS = 24  # a short sentence; prefill is excluded from the step time anyway
 SHORT_STEPS, LONG_STEPS = 16, 112
 CODES_PROMPTS, CODES_FRAMES = 32, 64
+SOAK_STEPS = 900  # within the 1,024-token model length with the prompt
 
 
 def prompts(batch: int, offset: int = 0) -> list[list[int]]:
@@ -131,6 +132,15 @@ def step_times(generate: Callable[..., list[Any]], batches: list[int], greedy: b
     return out
 
 
+def soak(generate: Callable[..., list[Any]], batch: int, seconds: float, log: Any) -> None:
+    """Greedy decode of ``batch`` streams, run after run, for ``seconds``: a steady window for a profiler."""
+    log(f"soak: start, batch {batch}, {seconds:.0f} s", flush=True)
+    ends = time.perf_counter() + seconds
+    while time.perf_counter() < ends:
+        generate(prompts(batch), params(SOAK_STEPS, greedy=True))
+    log("soak: end", flush=True)
+
+
 def greedy_frames(generate: Callable[..., list[Any]]) -> list[list[list[int]]]:
     """``CODES_FRAMES`` greedy frames of ``CODES_PROMPTS`` fixed prompts, decoded as one batch."""
     from vllm import SamplingParams
@@ -190,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-bytes", type=int, default=4 << 30)
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")
     parser.add_argument("--codes", action="store_true", help="record greedy frames (omni engine, parallel heads)")
+    parser.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=0.0,
+        help="after timing, decode the largest batch for this long (logs 'soak: start' / 'soak: end') for a profiler",
+    )
     parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="code agreement of two runs")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -217,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         result["step_ms_sampled"] = step_times(generate, args.batches, greedy=False, log=print)
     if args.codes:
         result["codes"] = greedy_frames(generate)
+    if args.soak_seconds > 0:
+        soak(generate, max(args.batches), args.soak_seconds, print)
     result["bench_s"] = time.perf_counter() - started
     path = report.write_result(out, label, result)
     print(f"wrote {path}", flush=True)
