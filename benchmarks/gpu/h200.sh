@@ -57,7 +57,7 @@ spy_step() {
   [ -n "$core" ] && timeout 60 py-spy record --nonblocking -r 200 -d 15 -f raw -p "$core" \
     -o "$R/profile/spy-step-$name.txt" > "$R/profile/spy-step-$name.log" 2>&1
   wait $job
-  echo "[$name] $(grep -E 'batch|soak: end' "$R/profile/$name.log" | tr '\n' ' ')"
+  echo "[$name] $(grep -E '^batch|^soak: end' "$R/profile/$name.log" | tr '\n' ' ')"
 }
 
 for phase in "$@"; do
