@@ -19,6 +19,8 @@
 #   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
 #            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); then py-spy
 #            of the Stage-0 step at batch 256, stock vs ours (spy_step)
+#   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
+#            the codec's kernels can share the GPU at once instead of time-slicing between their processes
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -122,6 +124,21 @@ for phase in "$@"; do
       spy_step stage0-step omni "$CK/par"
       cleanup
       pack profile ;;
+    mps)
+      checkpoints
+      if command -v nvidia-cuda-mps-control > /dev/null; then
+        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        nvidia-cuda-mps-control -d && echo "MPS daemon started"
+        serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 420 64:256 250:64,256
+        cleanup
+        echo quit | nvidia-cuda-mps-control
+        cp -r "$CUDA_MPS_LOG_DIRECTORY" "$R/mps-log" 2>/dev/null
+        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+      else
+        echo "no nvidia-cuda-mps-control on this machine" | tee "$R/mps-missing.txt"
+      fi
+      pack mps ;;
     budget)
       checkpoints
       # An overlay of the shipped file, written next to it so that its base_config resolves.
@@ -148,6 +165,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, profile, v2, replicas1, budget, int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, profile, mps, v2, replicas1, budget, int4)"; exit 2 ;;
   esac
 done
