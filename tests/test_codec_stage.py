@@ -176,3 +176,23 @@ def test_graph_frame_buckets_hold_every_recurring_window():
     ramp = frame_buckets({"codec_chunk_frames": 16, "max_codec_chunk_frames": 64})
     assert ramp == sorted({3, 44, 60, 92, *range(8, 97, 8)})
     assert frame_buckets({}, {"codec_cudagraph_frames": [44]}) == [44]  # explicit buckets win
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the one-copy transfer only acts on device tensors (CUDA)")
+def test_a_steps_device_audio_reaches_the_host_in_one_copy_equal_to_per_request_copies():
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import audio_to_host
+
+    device = torch.device("cuda")
+    batch = torch.randn(3, 5 * SPF, device=device)
+    audio = [batch[0, : 2 * SPF], torch.empty(0, device=device), batch[2], batch[1, :SPF]]
+    host = audio_to_host(audio)
+    assert [w.device.type for w in host] == ["cpu"] * 4
+    for got, want in zip(host, audio, strict=True):
+        assert torch.equal(got, want.cpu())
+
+
+def test_cpu_audio_is_handed_over_as_it_is():
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import audio_to_host
+
+    audio = [torch.randn(SPF), torch.empty(0)]
+    assert all(got is want for got, want in zip(audio_to_host(audio), audio, strict=True))

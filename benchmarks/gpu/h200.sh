@@ -71,7 +71,7 @@ for phase in "$@"; do
       step codec-streaming 420 python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 \
         --chunks 16 64 --precisions $PRECISIONS --out "$R"
       step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py tests/test_codec_fused.py -k "graph or fused or kernel"
+        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py -k "graph or fused or kernel or one_copy"
       pack codec ;;
     shipped)
       checkpoints
