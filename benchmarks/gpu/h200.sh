@@ -71,7 +71,8 @@ for phase in "$@"; do
       step codec-streaming 420 python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 \
         --chunks 16 64 --precisions $PRECISIONS --out "$R"
       step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py -k "graph or fused or kernel or one_copy"
+        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py \
+        -k "graph or fused or kernel or one_copy"
       pack codec ;;
     shipped)
       checkpoints
@@ -165,6 +166,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec, shipped, flat, stage0, async, profile, mps, v2, replicas1, budget, int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (codec shipped flat stage0 async profile mps v2 replicas1 budget int4)"; exit 2 ;;
   esac
 done
