@@ -17,8 +17,8 @@
 #   async    the shipped YAML with Stage 0's async scheduling and vLLM-Omni's deferred output building on (the
 #            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
 #   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
-#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); then py-spy
-#            of the Stage-0 step at batch 256, stock vs ours (spy_step)
+#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
+#   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
@@ -121,10 +121,13 @@ for phase in "$@"; do
       step profile 300 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
         --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256
       cleanup
+      pack profile ;;
+    stepprofile)
+      checkpoints
       spy_step stock-step vllm "$CK/flat"
       spy_step stage0-step omni "$CK/par"
       cleanup
-      pack profile ;;
+      pack stepprofile ;;
     mps)
       checkpoints
       if command -v nvidia-cuda-mps-control > /dev/null; then
@@ -166,6 +169,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec shipped flat stage0 async profile mps v2 replicas1 budget int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (codec shipped flat stage0 async profile stepprofile mps v2 replicas1 budget int4)"; exit 2 ;;
   esac
 done
