@@ -169,6 +169,6 @@ for phase in "$@"; do
       step agreement 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
         "$R/stage0-w4a16.json" --label agreement-w4a16 --out "$R"
       pack int4 ;;
-    *) echo "unknown phase $phase (codec shipped flat stage0 async profile stepprofile mps v2 replicas1 budget int4)"; exit 2 ;;
+    *) echo "unknown phase $phase (see the list at the top)"; exit 2 ;;
   esac
 done
