@@ -118,7 +118,7 @@ for phase in "$@"; do
       pack async ;;
     profile)
       checkpoints
-      step profile 300 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+      step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
         --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256
       cleanup
       pack profile ;;
