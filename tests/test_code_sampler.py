@@ -55,8 +55,11 @@ def test_a_seeded_request_draws_all_heads_from_one_call_of_its_generator():
     codes = sample_codes(logits, metadata(2, {0: 7, 1: 8}, temperature=1.0))
     for row, seed in ((0, 7), (1, 8)):
         noise = torch.empty(HEADS, SIZE).exponential_(generator=torch.Generator().manual_seed(seed))
-        expected = (logits[row].softmax(dim=-1) / noise).argmax(dim=-1)
-        assert torch.equal(codes[row], expected)
+        scores = logits[row].softmax(dim=-1) / noise
+        # The chosen code is the race's winner; the two softmaxes run on different shapes (other kernels), so the
+        # winner's score is compared within float32 rounding rather than by index equality.
+        chosen = scores.gather(1, codes[row].unsqueeze(1)).squeeze(1)
+        assert torch.all(chosen >= scores.max(dim=-1).values * (1 - 8 * torch.finfo(torch.float32).eps))
 
 
 def test_unseeded_codes_follow_the_tempered_softmax_of_each_head():
