@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_codec_streaming import build
 
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, StreamingGraphs
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 GIB = 1 << 30
@@ -49,8 +49,8 @@ def main() -> int:
     rows.append({"what": "decoder + state pool", **usage()})
     sets = [
         ("batch 64 x frames 64", [64], [64]),
-        ("batch 1..64 x frames 64", [1, 2, 4, 8, 16, 32, 64], [64]),
-        ("shipped: batch 1..64 x frames 3..64", [1, 2, 4, 8, 16, 32, 64], [3, 8, 16, 24, 32, 40, 48, 56, 64]),
+        ("batch 1..64 x frames 64", DEFAULT_BATCH_BUCKETS, [64]),
+        ("shipped: batch 1..64 x frames 3..64", DEFAULT_BATCH_BUCKETS, [3, 8, 16, 24, 32, 40, 48, 56, 64]),
     ]
     for name, batches, frames in sets:
         graphs = StreamingGraphs(codec, batches, frames)

@@ -4,7 +4,7 @@
 
 Starts one `vllm serve --omni` server, loads it with ``bench`` (FRAMES-frame requests at STREAMS concurrent
 streams), and once the load is steady measures for SECONDS: the CPU time of every process of the server's tree
-and of its busiest threads (from /proc, so it costs the server nothing), and, where ``py-spy`` is on PATH, a
+and of its busiest threads (psutil, so it costs the server nothing), and, where ``py-spy`` is on PATH, a
 non-blocking py-spy profile of the API server (all threads, and GIL holders only) and of each stage's engine core.
 A single-threaded Python process at ~100% CPU (or a GIL held ~100% of the time) is the wall the GPUs wait on.
 Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files beside it.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,61 +23,38 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from vllm_omni_kani.benchmarks import bench_tts
 from vllm_omni_kani.benchmarks.server import serving
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+def server_tree(root: int) -> list[psutil.Process]:
+    """The server process and all its descendants."""
+    proc = psutil.Process(root)
+    return [proc, *proc.children(recursive=True)]
 
 
-def tree(root: int) -> list[int]:
-    """``root`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children[ppid].append(int(entry.name))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def cpu_ticks(stat: Path) -> tuple[str, int] | None:
-    """``(comm, utime + stime)`` from a /proc stat file."""
+def thread_name(pid: int, tid: int) -> str:
     try:
-        text = stat.read_text()
-    except OSError:
-        return None
-    comm = text[text.index("(") + 1 : text.rindex(")")]
-    fields = text.rsplit(")", 1)[1].split()
-    return comm, int(fields[11]) + int(fields[12])
-
-
-def snapshot(pids: list[int]) -> dict[str, tuple[str, int]]:
-    """CPU ticks per process (``"pid"``) and per thread (``"pid/tid"``)."""
-    snap = {}
-    for pid in pids:
-        proc = cpu_ticks(Path(f"/proc/{pid}/stat"))
-        if proc is None:
-            continue
-        snap[str(pid)] = proc
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            thread = cpu_ticks(task / "stat")
-            if thread is not None:
-                snap[f"{pid}/{task.name}"] = thread
-    return snap
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def snapshot(procs: list[psutil.Process]) -> dict[str, tuple[str, float]]:
+    """CPU seconds per process (``"pid"``) and per thread (``"pid/tid"``), with the process or thread name."""
+    snap = {}
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            snap[str(proc.pid)] = (proc.name(), times.user + times.system)
+            for thread in proc.threads():
+                snap[f"{proc.pid}/{thread.id}"] = (
+                    thread_name(proc.pid, thread.id),
+                    thread.user_time + thread.system_time,
+                )
+    return snap
 
 
 def top_stacks(raw: Path, count: int = 40) -> dict[str, object]:
@@ -120,9 +97,12 @@ def main() -> None:
         )
         load.start()
         time.sleep(args.delay)
-        pids = tree(server.proc.pid)
-        names = {pid: cmdline(pid) for pid in pids}
-        busy = [pid for pid in pids if "VLLM::StageEngineCore" in names[pid] or pid == server.proc.pid]
+        procs = server_tree(server.proc.pid)
+        names = {}
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                names[proc.pid] = " ".join(proc.cmdline())[:120]
+        busy = [pid for pid, name in names.items() if "VLLM::StageEngineCore" in name or pid == server.proc.pid]
         spies = []
         if py_spy:
             common = ["record", "--nonblocking", "-r", str(args.rate), "-d", str(int(args.seconds)), "-f", "raw"]
@@ -133,16 +113,16 @@ def main() -> None:
                     [py_spy, *common, "--gil", "-p", str(server.proc.pid), "-o", str(out / "spy-api-gil.txt")]
                 )
             )
-        before, t0 = snapshot(pids), time.monotonic()
+        before, t0 = snapshot(procs), time.monotonic()
         time.sleep(args.seconds)
-        after, wall = snapshot(pids), time.monotonic() - t0
+        after, wall = snapshot(procs), time.monotonic() - t0
         for spy in spies:
             spy.wait(timeout=args.seconds + 60)
         load.join()
     rows = []
-    for key, (comm, ticks) in after.items():
+    for key, (comm, seconds) in after.items():
         if key in before:
-            share = (ticks - before[key][1]) / CLOCK_TICKS / wall
+            share = (seconds - before[key][1]) / wall
             if "/" not in key or share >= 0.05:
                 pid = int(key.split("/")[0])
                 rows.append({"id": key, "comm": comm, "cpu": round(share, 3), "process": names.get(pid, "")})
