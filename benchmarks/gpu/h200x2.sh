@@ -8,10 +8,15 @@
 #           while GPU 0 serves the shipped kani_tts.yaml (64- and 250-frame requests)      -> docs/BENCHMARKS.md
 #   flat    the flattened baseline served with the same YAML (GPU 1) and the Stage-0 step, ours vs stock (GPU 0)
 #   twogpu  the one-stage-per-GPU file, kani_tts_2gpu.yaml (both GPUs)
-#   replicas  scale-out on vLLM-Omni's own machinery (both GPUs, 250-frame requests at 64 and 256 streams): Stage 0
-#           on GPU 0 with two Stage-1 replicas on GPU 1 (kani_tts_codec_replicas.yaml), then two full pipelines
-#           data-parallel behind one API server (kani_tts_dp.yaml); the one-GPU reference is the codec phase's
-#           shipped run, so send `codec replicas` back to back                                      -> docs/DEPLOY.md
+#   profile  the shipped YAML under 256 streams of 250 frames profiled on GPU 0 (benchmarks/gpu/profile_served.py:
+#           CPU per process and thread, py-spy stacks), while GPU 1 serves the same YAML unprofiled at 64 and 256
+#           streams of 250 frames: the one-GPU reference of the scale-out phases                 -> docs/BENCHMARKS.md
+#   codecreplicas  scale-out on vLLM-Omni's own machinery (both GPUs, 250-frame requests at 64 and 256 streams):
+#           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
+#   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
+#   replicas  codecreplicas, then dp (one call of up to 10 minutes)
+#   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), while GPU 1
+#           times the step at every batch size, stock vs ours, sampled (stage0_steps without the async variant)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -49,13 +54,37 @@ for phase in "$@"; do
       serve_sweeps 0,1 shipped-2gpu "$CK/par" stage_configs/kani_tts_2gpu.yaml 540 $SHORT $LONG
       cleanup
       pack twogpu ;;
-    replicas)
+    profile)
+      device_info
       checkpoints
-      serve_sweeps 0,1 codec-replicas "$CK/par" stage_configs/kani_tts_codec_replicas.yaml 290 250:64,256
-      cleanup
-      serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml 290 250:64,256
-      cleanup
-      pack replicas ;;
-    *) echo "unknown phase $phase (codec, flat, twogpu, replicas)"; exit 2 ;;
+      step profile 420 env CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0 python3 benchmarks/gpu/profile_served.py \
+        --ckpt "$CK/par" --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256 &
+      serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
+      wait; cleanup
+      pack profile ;;
+    codecreplicas|dp|replicas)
+      checkpoints
+      if [ "$phase" != dp ]; then
+        serve_sweeps 0,1 codec-replicas "$CK/par" stage_configs/kani_tts_codec_replicas.yaml 330 250:64,256
+        cleanup
+      fi
+      if [ "$phase" != codecreplicas ]; then
+        serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml 330 250:64,256
+        cleanup
+      fi
+      pack "$phase" ;;
+    steps)
+      checkpoints
+      ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
+        spy_step stock-step vllm "$CK/flat"
+        spy_step stage0-step omni "$CK/par" ) &
+      ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
+        step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+          --out "$R" --sampled
+        step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+          --out "$R" --sampled --codes ) &
+      wait; cleanup
+      pack steps ;;
+    *) echo "unknown phase $phase (see the list at the top)"; exit 2 ;;
   esac
 done

@@ -78,3 +78,36 @@ serve_sweeps() {
   step "$label" "$limit" env CUDA_VISIBLE_DEVICES="$gpu" VLLM_CACHE_ROOT="/tmp/vc$gpu" \
     python3 benchmarks/gpu/serve_sweeps.py --ckpt "$ckpt" --deploy-config "$yaml" --label "$label" --out "$R" "$@"
 }
+
+# The Stage-0 step, ours vs stock vLLM on the same backbone (sampled, with our greedy codes for --compare).
+stage0_steps() {
+  step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+    --out "$R" --sampled
+  step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+    --out "$R" --sampled --codes
+  # The same with async scheduling and vLLM-Omni's deferred output building, greedy codes compared with stage0's.
+  step stage0-async 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
+    --label stage0-async --out "$R" --sampled --codes --async-output
+  step agreement-async 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
+    "$R/stage0-async.json" --label agreement-async --out "$R"
+}
+
+# spy_step NAME ENGINE CKPT: the Stage-0 step at batch 256 held steady (step_time --soak-seconds) while py-spy samples
+# its engine-core process for 15 s: where the host time of a step goes, ours vs stock, on this machine's CPU.
+spy_step() {
+  local name=$1 engine=$2 ckpt=$3 core
+  mkdir -p "$R/profile"
+  timeout -k 20 300 python3 -m vllm_omni_kani.benchmarks.step_time "$ckpt" --engine "$engine" --label "$name" \
+    --out "$R/profile" --batches 256 --soak-seconds 25 > "$R/profile/$name.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 1 240); do grep -q "soak: start" "$R/profile/$name.log" && break; sleep 1; done
+  sleep 3
+  # The engine core under this job (another phase's server may run on the other GPU).
+  core=$(python3 -c "import psutil, sys
+print(next((p.pid for p in psutil.Process(int(sys.argv[1])).children(recursive=True)
+            if 'EngineCore' in ' '.join(p.cmdline()) + p.name()), ''))" "$job")
+  [ -n "$core" ] && timeout 60 py-spy record --nonblocking -r 200 -d 15 -f raw -p "$core" \
+    -o "$R/profile/spy-step-$name.txt" > "$R/profile/spy-step-$name.log" 2>&1
+  wait $job
+  echo "[$name] $(grep -E '^batch|^soak: end' "$R/profile/$name.log" | tr '\n' ' ')"
+}
