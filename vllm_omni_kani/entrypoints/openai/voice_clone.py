@@ -29,13 +29,13 @@ import functools
 import hashlib
 import json
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from vllm_omni_kani.entrypoints.openai.load_once import LoadOnce
 from vllm_omni_kani.entrypoints.openai.speech_request import SpeechRequestError
 from vllm_omni_kani.model_executor.models.kani_tts.speaker_embedder import (
     MAX_SECONDS,
@@ -89,8 +89,7 @@ class VoiceCloning:
                     f"the speaker model {self.model_dir} gives {dim} floats, but the checkpoint's speaker_emb_dim is "
                     f"{speaker_emb_dim}"
                 )
-        self._embedder: SpeakerEmbedder | None = None
-        self._load_lock = threading.Lock()
+        self._embedder: LoadOnce[SpeakerEmbedder] = LoadOnce(self._load_embedder)
         # One thread: embeddings are CPU work in the API server process, one clip at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kani-speaker-model")
         self._voices: dict[str, tuple[int, list[float]]] = {}  # voice (lower case) -> (created_at, embedding)
@@ -187,11 +186,11 @@ class VoiceCloning:
 
     def _embed_blocking(self, samples: Any, sample_rate: int) -> list[float]:
         reference = prepare_reference(samples, sample_rate)
-        with self._load_lock:
-            if self._embedder is None:
-                logger.info("Loading the Kani-TTS-2 speaker model from %s", self.model_dir)
-                self._embedder = SpeakerEmbedder.from_dir(self.model_dir)
-        return self._embedder.embed(reference).tolist()
+        return self._embedder.get().embed(reference).tolist()
+
+    def _load_embedder(self) -> SpeakerEmbedder:
+        logger.info("Loading the Kani-TTS-2 speaker model from %s", self.model_dir)
+        return SpeakerEmbedder.from_dir(self.model_dir)
 
     # -- /v1/audio/voices --------------------------------------------------------------------------------------
 

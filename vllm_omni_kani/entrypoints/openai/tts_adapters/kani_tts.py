@@ -12,13 +12,13 @@ Stage 0 runs with (``lora_voices.py``). Long input, resampling and output shapin
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 from typing import Any
 
 import torch
 from vllm_omni.entrypoints.openai.tts_adapters.base import ARTTSAdapter, PreparedRequest, SpeechServingContext
 
+from vllm_omni_kani.entrypoints.openai.load_once import LoadOnce
 from vllm_omni_kani.entrypoints.openai.lora_voices import LORA_REQUEST_KEY, LoRAVoices
 from vllm_omni_kani.entrypoints.openai.speech_request import (
     MAX_SEGMENT_CHARS,
@@ -84,7 +84,7 @@ class KaniTTSAdapter(ARTTSAdapter):
         self.cloning.install()
         self.lora_voices = LoRAVoices(server, stage_args, self.settings.speakers, self.settings.default_speaker)
         self.lora_voices.install()
-        self._tokenizer: Any = None
+        self.tokenizer: LoadOnce[Any] = LoadOnce(self._load_tokenizer)
 
     def normalize(self, request: Any) -> None:
         """Move ``language`` (checkpoints with tags), ``speaker_embedding``, ``ref_audio`` and an uploaded ``voice``
@@ -249,12 +249,15 @@ class KaniTTSAdapter(ARTTSAdapter):
             return await self.cloning.clip_embedding(self.ref_audio(request))
         return self.speaker_embedding(request)
 
-    async def _prompt_ids(self, text: str, speaker: str | None, language: str | None = None) -> list[int]:
-        """Tokenize off the event loop (the tokenizer itself is loaded once, on first use)."""
-        loop = asyncio.get_running_loop()
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+    def _load_tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
 
-            self._tokenizer = await loop.run_in_executor(None, AutoTokenizer.from_pretrained, self.model_path)
-        build = functools.partial(tl.text_prompt_ids, self._tokenizer, text, speaker, language)
-        return await loop.run_in_executor(None, build)
+        return AutoTokenizer.from_pretrained(self.model_path)
+
+    async def _prompt_ids(self, text: str, speaker: str | None, language: str | None = None) -> list[int]:
+        """Tokenize off the event loop; the tokenizer is loaded once, by the first request's worker thread."""
+
+        def build() -> list[int]:
+            return tl.text_prompt_ids(self.tokenizer.get(), text, speaker, language)
+
+        return await asyncio.get_running_loop().run_in_executor(None, build)
