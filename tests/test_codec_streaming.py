@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import load_codec
@@ -149,7 +150,7 @@ def test_stateful_policy_sends_numbered_chunks_without_context():
     stream = FrameStream("parallel")
     chunks = []
     for have, finished in ((3, False), (19, False), (51, False), (60, True)):
-        stream.frames = [[i, 0, 0, 0] for i in range(have)]
+        stream.frames = [tl.pack_frame([i, 0, 0, 0]) for i in range(have)]
         chunks.append(stream.next_chunk(policy, finished=finished))
     assert [(c.index, c.left_context, c.new_frames, c.finished) for c in chunks] == [
         (0, 0, 3, False),

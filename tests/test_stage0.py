@@ -231,7 +231,7 @@ def test_chunk_stream_covers_every_frame_once_with_bounded_context(max_chunk, se
     rng = np.random.default_rng(seed)
     total = int(rng.integers(150, 400))
     codes = rng.integers(0, tl.CODEBOOK_SIZE, size=(total, tl.NUM_CODEBOOKS))
-    frames = codes.tolist()
+    frames = [tl.pack_frame(row) for row in codes.tolist()]
     policy = ChunkPolicy(max_chunk_frames=max_chunk)
     stream = FrameStream("parallel")
     chunks = []
@@ -259,3 +259,29 @@ def test_chunk_stream_covers_every_frame_once_with_bounded_context(max_chunk, se
         if chunk is not None and not chunk.finished and chunk.left_context == policy.left_context_frames:
             windows.append(len(chunk.window))
     assert windows and set(windows) <= set(policy.recurring_windows())
+
+
+def test_frame_stream_pairs_live_tokens_with_step_codes():
+    """The producer hands FrameStream the request's live (growing) token list and each step's packed codes; a
+    frame is formed only once both its cb1 token and its codes have arrived, each frame once, in order."""
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, tl.CODEBOOK_SIZE, size=(40, tl.NUM_CODEBOOKS))
+    packed = tl.pack_codes(torch.from_numpy(frames[:, 1:])).tolist()
+    stream = FrameStream("parallel")
+    stream.add_step_codes([tl.NO_CODES])  # a step whose token vLLM did not keep
+    # The prefill step: its payload has an entry per prompt token, only the last one belongs to the sampled token
+    # (START_OF_SPEECH, which is not audio: its codes make no frame).
+    tokens: list[int] = [tl.START_OF_SPEECH]
+    stream.add_step_codes([tl.NO_CODES, tl.NO_CODES, 0])
+    stream.add_tokens(tokens)
+    assert stream.frames == []
+    for k, row in enumerate(frames):
+        tokens.append(tl.AUDIO_TOKEN_OFFSET + int(row[0]))
+        tokens.append(tl.END_OF_SPEECH)  # the engine may run a step ahead of the save thread ...
+        stream.add_tokens(tokens)
+        tokens.pop()  # ... (a token without codes yet is not paired)
+        assert len(stream.frames) == k
+        stream.add_step_codes([packed[k]])
+        stream.add_tokens(tokens)
+        assert len(stream.frames) == k + 1
+    np.testing.assert_array_equal(tl.unpack_frames(stream.frames), frames)

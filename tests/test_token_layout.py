@@ -75,3 +75,19 @@ def test_assembler_is_incremental():
     got = [f for i in range(0, len(tokens), 3) for f in asm.feed(tokens[i : i + 3])]
     np.testing.assert_array_equal(np.array(got), frames)
     assert asm.ended and asm.pending == 0
+
+
+def test_frames_pack_into_one_int_each_and_back():
+    """The model packs codebooks 2-4 on the device (torch); the producer ORs in the cb1 code, one int per frame,
+    and unpacks a whole window at once when it is sent."""
+    import torch
+
+    frames = np.random.default_rng(0).integers(0, tl.CODEBOOK_SIZE, size=(500, tl.NUM_CODEBOOKS))
+    frames[0] = tl.CODEBOOK_SIZE - 1  # every bit of every field set
+    frames[1] = 0
+    codes = tl.pack_codes(torch.from_numpy(frames[:, 1:]))
+    assert codes.dtype == torch.int64 and bool((codes >= 0).all())
+    packed = [int(cb1) | (c << tl.CODE_BITS) for cb1, c in zip(frames[:, 0], codes.tolist(), strict=True)]
+    assert packed == [tl.pack_frame(row) for row in frames.tolist()]
+    np.testing.assert_array_equal(tl.unpack_frames(packed), frames)
+    assert tl.unpack_frames([]).shape == (0, tl.NUM_CODEBOOKS)

@@ -124,28 +124,29 @@ class FrameStream:
     """One request's frames so far and how many of them were already sent as new audio."""
 
     variant: str
-    frames: list[list[int]] = field(default_factory=list)
+    # one int per frame (token_layout.pack_frame), unpacked only when a window is sent
+    frames: list[int] = field(default_factory=list)
     sent: int = 0
     chunks: int = 0
-    # parallel: code rows of codebooks 2-4, one per kept sampling step
-    code_rows: list[list[int]] = field(default_factory=list)
+    # parallel: codebooks 2-4 packed as the model sends them (token_layout.pack_codes), one per kept step
+    code_rows: list[int] = field(default_factory=list)
     tokens_paired: int = 0
     # flattened: the incremental token grouper and how many output tokens it consumed
     assembler: tl.FlatFrameAssembler = field(default_factory=tl.FlatFrameAssembler)
     tokens_seen: int = 0
     done: bool = False
 
-    def add_step_codes(self, step_codes: np.ndarray | None) -> None:
+    def add_step_codes(self, step_codes: Sequence[int] | None) -> None:
         """Parallel: keep the codes of a step whose sampled token vLLM kept.
 
         ``step_codes`` ``[n_tokens]`` is the step's packed per-token payload for this request;
         only its last entry can belong to a sampled token, and -1 marks "no token this step".
         """
-        if step_codes is None or len(step_codes) == 0:
+        if not step_codes:
             return
-        last = int(np.asarray(step_codes).reshape(-1)[-1])
+        last = int(step_codes[-1])
         if last != tl.NO_CODES:
-            self.code_rows.append(tl.unpack_codes(last).tolist())
+            self.code_rows.append(last)
 
     def add_tokens(self, output_token_ids: Sequence[int]) -> None:
         """Consume the request's output tokens seen so far (append-only, may run ahead)."""
@@ -156,12 +157,12 @@ class FrameStream:
                 if tok == tl.END_OF_SPEECH:
                     self.done = True
                 if not self.done and tl.AUDIO_TOKEN_OFFSET <= tok < tl.AUDIO_TOKEN_OFFSET + tl.CODEBOOK_SIZE:
-                    self.frames.append([tok - tl.AUDIO_TOKEN_OFFSET, *self.code_rows[k]])
+                    self.frames.append((tok - tl.AUDIO_TOKEN_OFFSET) | (self.code_rows[k] << tl.CODE_BITS))
             self.tokens_paired = max(self.tokens_paired, upto)
         else:
             new = [int(t) for t in output_token_ids[self.tokens_seen :]]
             self.tokens_seen += len(new)
-            self.frames.extend(self.assembler.feed(new))
+            self.frames.extend(tl.pack_frame(frame) for frame in self.assembler.feed(new))
             self.done = self.assembler.ended
 
     def next_chunk(self, policy: ChunkPolicy, finished: bool) -> Chunk | None:
@@ -177,7 +178,7 @@ class FrameStream:
             return None
         end = len(self.frames) if finished else self.sent + target * (pending // target)
         left = min(policy.window_context_frames, self.sent)
-        window = np.asarray(self.frames[self.sent - left : end], dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)
+        window = tl.unpack_frames(self.frames[self.sent - left : end])
         self.sent = end
         self.chunks += 1
         return Chunk(
@@ -193,7 +194,7 @@ def frames_from_parallel_output(token_ids: Sequence[int], packed_codes: np.ndarr
     """
     packed = np.asarray(packed_codes, dtype=np.int64).reshape(-1)
     stream = FrameStream("parallel")
-    for code in packed[packed != tl.NO_CODES]:
-        stream.add_step_codes(np.array([code]))
+    for code in packed[packed != tl.NO_CODES].tolist():
+        stream.add_step_codes([code])
     stream.add_tokens(token_ids)
-    return np.asarray(stream.frames, dtype=np.int64).reshape(-1, tl.NUM_CODEBOOKS)
+    return tl.unpack_frames(stream.frames)

@@ -52,12 +52,14 @@ def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
     return extra if isinstance(extra, Mapping) else {}
 
 
-def _step_codes(multimodal_output: Mapping[str, Any] | None) -> np.ndarray | None:
+def _step_codes(multimodal_output: Mapping[str, Any] | None) -> list[int] | None:
+    """This step's packed codes of one request (a CPU tensor from the runner) as plain ints."""
     codes = (multimodal_output or {}).get("codes")
     rows = codes.get("audio") if isinstance(codes, Mapping) else None
     if rows is None:
         return None
-    return rows.detach().cpu().numpy() if isinstance(rows, torch.Tensor) else np.asarray(rows)
+    values = rows.tolist() if isinstance(rows, torch.Tensor) else np.asarray(rows).tolist()
+    return values if isinstance(values, list) else [values]
 
 
 def _sweep_aborted(payloads: dict[str, Any], keep: str) -> None:
@@ -109,7 +111,8 @@ def _async_chunk(
     stream: FrameStream = entry[_STATE_KEY]
     if variant == "parallel":
         stream.add_step_codes(_step_codes(multimodal_output))
-    stream.add_tokens(list(request.output_token_ids))
+    # The live list, not a copy: it only grows, and add_tokens reads no further than the codes that arrived.
+    stream.add_tokens(request.output_token_ids)
     # Only the flag captured with this step: the save thread may run behind the engine, and a live
     # request.is_finished() would close the stream before the codes of the last steps have arrived.
     finished = bool(is_finished)

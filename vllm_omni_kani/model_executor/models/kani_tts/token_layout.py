@@ -114,6 +114,7 @@ def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
 # Codebooks 2-4 of one frame packed into one int64 (12 bits each), -1 when a row has none:
 # a 1-D per-token payload concatenates cleanly across steps in vLLM-Omni's output accumulation.
 CODE_BITS = 12
+CODE_MASK = (1 << CODE_BITS) - 1
 NO_CODES = -1
 
 
@@ -123,11 +124,23 @@ def pack_codes(codes: torch.Tensor) -> torch.Tensor:
     return codes[..., 0] | (codes[..., 1] << CODE_BITS) | (codes[..., 2] << (2 * CODE_BITS))
 
 
-def unpack_codes(packed: torch.Tensor | np.ndarray) -> np.ndarray:
-    """``[...]`` packed int64 (all >= 0) → ``[..., NUM_CODEBOOKS - 1]`` codes."""
-    packed = np.asarray(packed, dtype=np.int64)
-    mask = (1 << CODE_BITS) - 1
-    return np.stack([(packed >> (k * CODE_BITS)) & mask for k in range(NUM_CODEBOOKS - 1)], axis=-1)
+def pack_frame(frame: Sequence[int]) -> int:
+    """A frame's ``NUM_CODEBOOKS`` codes as one int (codebook k at bits ``k * CODE_BITS``).
+
+    Stage 0's producer keeps every stream's frames as such ints: a list of ints holds no object the garbage
+    collector has to walk, where a list per frame made 64k of them at 256 streams of 250 frames.
+    """
+    value = 0
+    for k, code in enumerate(frame):
+        value |= int(code) << (k * CODE_BITS)
+    return value
+
+
+def unpack_frames(packed: np.ndarray | Sequence[int]) -> np.ndarray:
+    """``[n]`` packed frames (``pack_frame``, or a cb1 code ORed with ``pack_codes`` shifted by ``CODE_BITS``) →
+    ``[n, NUM_CODEBOOKS]`` int64 codes."""
+    packed = np.asarray(packed, dtype=np.int64).reshape(-1, 1)
+    return (packed >> (np.arange(NUM_CODEBOOKS, dtype=np.int64) * CODE_BITS)) & CODE_MASK
 
 
 def flat_codebook_range(codebook: int) -> tuple[int, int]:
