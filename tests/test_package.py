@@ -62,3 +62,29 @@ def test_runner_outputs_pickle_their_payload_tensors_as_numpy():
     assert out.returncode == 0, out.stderr[-3000:]
     row_bytes, batch_bytes = map(int, re.search(r"row bytes (\d+) batch bytes (\d+)", out.stdout).groups())
     assert row_bytes < batch_bytes / 100  # one 64 x 3 row, not the 16,384 x 3 batch
+
+
+def test_runner_token_spans_come_from_the_query_start_buffer():
+    """The vectorised spans equal the per-request loop they replace, on vLLM's own CPU/GPU buffer, for a mixed
+    prefill + decode step, and are plain ints."""
+    code = (
+        "import types, numpy as np, torch, vllm_omni_kani\n"
+        "from vllm_omni_kani import patch\n"
+        "assert patch.vectorise_request_token_spans()\n"
+        "from vllm.v1.utils import CpuGpuBuffer\n"
+        "from vllm_omni.worker.gpu_model_runner import OmniGPUModelRunner\n"
+        "scheduled = np.array([37, 1, 1, 5, 1] + [1] * 250, dtype=np.int32)\n"
+        "qsl = CpuGpuBuffer(len(scheduled) + 9, dtype=torch.int32, device='cpu', pin_memory=False, with_numpy=True)\n"
+        "qsl.np[0] = 0\n"
+        "qsl.np[1:len(scheduled) + 1] = np.cumsum(scheduled)\n"
+        "qsl.np[len(scheduled) + 1:] = -7  # past the batch: never read\n"
+        "runner = types.SimpleNamespace(input_batch=types.SimpleNamespace(req_ids=[str(i) for i in range(255)]),\n"
+        "    query_start_loc=qsl)\n"
+        "spans = OmniGPUModelRunner._compute_request_token_spans(runner, scheduled)\n"
+        "want = [(int(qsl.cpu[i]), int(qsl.cpu[i]) + int(scheduled[i])) for i in range(255)]\n"
+        "assert spans == want, (spans[:6], want[:6])\n"
+        "assert all(type(a) is int and type(b) is int for a, b in spans)\n"
+        "assert spans[:3] == [(0, 37), (37, 38), (38, 39)]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]

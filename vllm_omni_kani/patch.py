@@ -510,6 +510,29 @@ def pickle_runner_payload_tensors_as_numpy() -> bool | None:
     OmniModelRunnerOutput.__setstate__ = __setstate__
 
 
+@_patch(_vllm_omni_0_26)
+def vectorise_request_token_spans() -> bool | None:
+    """vllm-omni 0.26.0: compute the runner's per-request ``(start, end)`` token spans from numpy, not per element.
+
+    ``OmniGPUModelRunner._compute_request_token_spans`` runs every step and indexes the CPU ``query_start_loc``
+    tensor once per request; at 256 requests that was 8.9% of the Stage-0 engine core's samples on an H200 host
+    (docs/BENCHMARKS.md, seventh set). The same spans from the buffer's numpy view and one ``tolist`` each, as
+    Python ints. Returns whether the patch is active.
+    """
+    from vllm_omni.worker.gpu_model_runner import OmniGPUModelRunner
+
+    if not hasattr(OmniGPUModelRunner, "_compute_request_token_spans"):
+        return False
+
+    def _compute_request_token_spans(self: Any, num_scheduled_tokens_np: Any) -> list[tuple[int, int]]:
+        count = len(self.input_batch.req_ids)
+        starts = self.query_start_loc.np[:count]
+        ends = starts + num_scheduled_tokens_np[:count]
+        return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+    OmniGPUModelRunner._compute_request_token_spans = _compute_request_token_spans
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -524,6 +547,7 @@ def apply_all() -> list[str]:
             install_speech_guard,
             unlink_shm_chunks_of_aborted_requests,
             pickle_runner_payload_tensors_as_numpy,
+            vectorise_request_token_spans,
         )
         if fn()
     ]
