@@ -1,10 +1,12 @@
 """GPU memory of the codec's CUDA graphs: what capturing the served buckets costs, by bucket set.
 
-    python3 benchmarks/codec_graph_memory.py [--preset 350m] [--out DIR]
+    python3 benchmarks/codec_graph_memory.py [--preset 350m] [--out DIR] [--max-split-mb 20 [--split-during-capture]]
 
 Builds the real-size stateful codec (random weights, TF32, fused half-snakes) with the shipped state pool, then
 captures the shipped (batch, frames) buckets and reports torch's allocated / reserved bytes and the bytes held in
 CUDA-graph private pools after each capture, so a deploy file can budget a codec engine's memory.
+``--max-split-mb 20`` captures under the allocator setting vLLM's model load uses (where the codec stage captures);
+``--split-during-capture`` lifts it around each capture as the codec stage does (``graphs.block_splitting``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_codec_streaming import build
 
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, StreamingGraphs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    StreamingGraphs,
+    block_splitting,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 GIB = 1 << 30
@@ -42,7 +48,11 @@ def main() -> int:
     parser.add_argument("--preset", default="350m")
     parser.add_argument("--slots", type=int, default=1024)
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--max-split-mb", type=int, default=None, help="allocator max_split_size_mb for the run")
+    parser.add_argument("--split-during-capture", action="store_true", help="lift that limit around each capture")
     args = parser.parse_args()
+    if args.max_split_mb is not None:
+        torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{args.max_split_mb}")
     rows = []
     decoder = build(args.preset, "cuda", "tf32", "fused")
     codec = StreamingCodec(decoder, num_slots=args.slots, scratch_rows=64)
@@ -55,7 +65,8 @@ def main() -> int:
     for name, batches, frames in sets:
         graphs = StreamingGraphs(codec, batches, frames)
         torch.cuda.reset_peak_memory_stats()
-        count = graphs.capture()
+        with block_splitting(args.max_split_mb if args.split_during_capture else None):
+            count = graphs.capture()
         rows.append({"what": name, "graphs": count, **usage()})
         print(json.dumps(rows[-1]), flush=True)
         if name.startswith("shipped"):
@@ -77,7 +88,15 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "codec-graph-memory.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}))
+    label = (
+        ""
+        if args.max_split_mb is None
+        else f"-split{args.max_split_mb}" + ("-lifted" if args.split_during_capture else "")
+    )
+    settings = {"max_split_mb": args.max_split_mb, "split_during_capture": args.split_during_capture}
+    (out / f"codec-graph-memory{label}.json").write_text(
+        json.dumps({"device": torch.cuda.get_device_name(), **settings, "rows": rows})
+    )
     return 0
 
 

@@ -83,3 +83,45 @@ def test_decode_windows_through_graphs(codec):
     replayed = codec.decode_windows(windows, lefts, forward=graphs)
     for a, b in zip(replayed, eager, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the caching allocator's block splitting")
+def test_graph_capture_inside_vllms_model_load_shares_blocks_once_splitting_is_lifted():
+    """vLLM 0.26 loads models with max_split_size_mb 20, and the codec stage captures its graphs in that load: big
+    activations then never share blocks across buckets. ``block_splitting`` lifts the limit around the capture (and
+    restores it); the real-size codec's buckets must then reserve well under what they reserve without it."""
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, load_decoder_state
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+        VLLM_LOAD_MAX_SPLIT_MB,
+        StreamingGraphs,
+        block_splitting,
+    )
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
+    from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors
+
+    with torch.device("cuda"):
+        decoder = NanoCodecDecoder(CODEC_PRESETS["350m"])
+    load_decoder_state(decoder, random_decoder_tensors(CODEC_PRESETS["350m"], seed=0))
+    decoder.set_precision("tf32")
+
+    def reserved_by_capture(lift: bool) -> int:
+        codec = StreamingCodec(decoder, num_slots=64, scratch_rows=64)
+        graphs = StreamingGraphs(codec, [16, 32, 64], [16, 32, 48, 64])
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        with block_splitting(VLLM_LOAD_MAX_SPLIT_MB if lift else None):
+            assert graphs.capture() == 12
+        grown = torch.cuda.memory_reserved() - before
+        del graphs, codec
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return grown
+
+    torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{VLLM_LOAD_MAX_SPLIT_MB}")
+    try:
+        limited, lifted = reserved_by_capture(False), reserved_by_capture(True)
+    finally:
+        torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{(2**64 - 1) // 2**20}")
+    print(f"reserved by 12 graphs: {limited / 2**30:.2f} GiB under the limit, {lifted / 2**30:.2f} GiB lifted")
+    assert lifted < 0.6 * limited

@@ -21,6 +21,8 @@
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes
+#   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
+#            (max_split_size_mb 20), lifted around the capture as the codec stage does and not
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -113,6 +115,9 @@ for phase in "$@"; do
         echo "no nvidia-cuda-mps-control on this machine" | tee "$R/mps-missing.txt"
       fi
       pack mps ;;
+    memory)
+      memory_steps
+      pack memory ;;
     budget)
       checkpoints
       # An overlay of the shipped file, written next to it so that its base_config resolves.

@@ -15,7 +15,8 @@
 #           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
 #   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
-#   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), while GPU 1
+#   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
+#           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
 #           times the step at every batch size, stock vs ours, sampled (stage0_steps without the async variant)
 source "$(dirname "$0")/lib.sh"
 quick=0
@@ -77,7 +78,8 @@ for phase in "$@"; do
       checkpoints
       ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
         spy_step stock-step vllm "$CK/flat"
-        spy_step stage0-step omni "$CK/par" ) &
+        spy_step stage0-step omni "$CK/par"
+        memory_steps ) &
       ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
         step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
           --out "$R" --sampled

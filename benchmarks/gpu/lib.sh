@@ -111,3 +111,11 @@ print(next((p.pid for p in psutil.Process(int(sys.argv[1])).children(recursive=T
   wait $job
   echo "[$name] $(grep -E '^batch|^soak: end' "$R/profile/$name.log" | tr '\n' ' ')"
 }
+
+# memory_steps: the codec's graphs captured under vLLM's load-time allocator limit (max_split_size_mb 20), as the
+# codec stage's capture runs inside vLLM's model load, without and with the limit lifted around the capture.
+memory_steps() {
+  step graph-memory-split20 150 python3 benchmarks/codec_graph_memory.py --max-split-mb 20 --out "$R"
+  step graph-memory-split20-lifted 150 python3 benchmarks/codec_graph_memory.py --max-split-mb 20 \
+    --split-during-capture --out "$R"
+}

@@ -53,6 +53,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
     DEFAULT_BATCH_BUCKETS,
     CodecGraphs,
     StreamingGraphs,
+    block_splitting,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
@@ -237,7 +238,9 @@ class KaniNanoCodecForGeneration(nn.Module):
             graphs = CodecGraphs(self.decoder, batches, frames)
         started = time.perf_counter()
         try:
-            count = graphs.capture()
+            # Inside vLLM's model load, where large blocks are not split (graphs.VLLM_LOAD_MAX_SPLIT_MB).
+            with block_splitting():
+                count = graphs.capture()
         except RuntimeError:
             logger.warning("Kani codec stage: CUDA graph capture failed; decoding eagerly", exc_info=True)
             return

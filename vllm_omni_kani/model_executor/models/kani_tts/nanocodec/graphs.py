@@ -13,7 +13,8 @@ previous request's) in its padding, so a replay never indexes out of the FSQ tab
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -24,6 +25,28 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import St
 # them with 8-frame steps (a padded frame costs ~1/40 of a window, a graph ~0.3 s to capture).
 DEFAULT_FRAME_BUCKETS = (8, 16, 24, 32, 40, 48)
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+# vLLM 0.26.0 loads every model with the caching allocator's max_split_size_mb at 20 (``Worker.load_model`` in
+# vllm/v1/worker/gpu_worker.py, ``_scoped_allocator_max_split``), and the codec stage captures its graphs during that
+# load. Blocks over the limit are never split, so each bucket's large activations took blocks of their own: 64 GiB
+# reserved for the 63 shipped graphs, against 14 GiB captured with splitting allowed (docs/BENCHMARKS.md).
+VLLM_LOAD_MAX_SPLIT_MB = 20
+_NO_SPLIT_LIMIT_MB = (2**64 - 1) // 2**20  # PyTorch's default: no limit
+
+
+@contextlib.contextmanager
+def block_splitting(restore_max_split_mb: int | None = VLLM_LOAD_MAX_SPLIT_MB) -> Iterator[None]:
+    """Let the CUDA caching allocator split blocks of any size inside, so graph buckets share one pool's blocks;
+    set ``max_split_size_mb`` back to ``restore_max_split_mb`` after (None, or no CUDA: nothing changes)."""
+    if restore_max_split_mb is None or not torch.cuda.is_available():
+        yield
+        return
+    torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{_NO_SPLIT_LIMIT_MB}")
+    try:
+        yield
+    finally:
+        torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{restore_max_split_mb}")
 
 
 def round_up(value: int, buckets: Sequence[int]) -> int | None:
