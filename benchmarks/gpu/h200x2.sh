@@ -11,6 +11,9 @@
 #   profile  the shipped YAML under 256 streams of 250 frames profiled on GPU 0 (benchmarks/gpu/profile_served.py:
 #           CPU per process and thread, py-spy stacks), while GPU 1 serves the same YAML unprofiled at 64 and 256
 #           streams of 250 frames: the one-GPU reference of the scale-out phases                 -> docs/BENCHMARKS.md
+#   asyncsched  the shipped YAML with Stage 0's async scheduling on (deferred output building off) on GPU 0, the
+#           shipped YAML as is on GPU 1 (the reference of the same call): 250-frame requests at 64 and 256 streams,
+#           and audio == Stage-0 frames for both
 #   codecreplicas  scale-out on vLLM-Omni's own machinery (both GPUs, 250-frame requests at 64 and 256 streams):
 #           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
 #   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
@@ -63,6 +66,17 @@ for phase in "$@"; do
       serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
       wait; cleanup
       pack profile ;;
+    asyncsched)
+      checkpoints
+      async_sched_overlay
+      serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 420 250:64,256 &
+      serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
+      wait; cleanup
+      for label in async-sched shipped-1gpu; do
+        step "audio-vs-frames-$label" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$label.log" \
+          --tokens-per-frame 1 --json "$R/audio-vs-frames-$label.json"
+      done
+      pack asyncsched ;;
     codecreplicas|dp|replicas)
       checkpoints
       if [ "$phase" != dp ]; then

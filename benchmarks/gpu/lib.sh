@@ -119,3 +119,10 @@ memory_steps() {
   step graph-memory-split20-lifted 150 python3 benchmarks/codec_graph_memory.py --max-split-mb 20 \
     --split-during-capture --out "$R"
 }
+
+# async_sched_overlay: kani_tts.yaml with Stage 0's async scheduling on, written next to it so its base_config
+# resolves (vLLM-Omni's deferred output building, kani_async_omni_output, stays off).
+async_sched_overlay() {
+  printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 0" "    async_scheduling: true" \
+    > stage_configs/kani_tts_async_sched.yaml
+}
