@@ -8,10 +8,16 @@ from importlib.metadata import entry_points
 from tests.conftest import REPO_ROOT
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
 def test_import_is_light():
     code = "import sys, vllm_omni_kani; print('vllm' in sys.modules, 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
-    assert out.stdout.split() == ["False", "False"]
+    assert run_python(code).stdout.split() == ["False", "False"]
 
 
 def test_entry_point_is_declared():
@@ -28,8 +34,7 @@ def test_vllm_loads_the_plugin_and_register_is_idempotent():
         "from vllm_omni_kani import patch\n"
         "print('patches', patch.apply_all())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_python(code)
     # On CPU every CPU-guarded patch is active (vLLM 0.26 here).
     assert "keep_narrow_conv_weights_unpacked" in out.stdout
     assert "rotate_flattened_heads_on_cpu" in out.stdout
@@ -58,8 +63,7 @@ def test_runner_outputs_pickle_their_payload_tensors_as_numpy():
         "    assert got['hidden'].dtype == torch.bfloat16 and torch.equal(got['hidden'], want['hidden'])\n"
         "print('row bytes', len(pickle.dumps(row)), 'batch bytes', batch.numel() * 8)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_python(code)
     row_bytes, batch_bytes = map(int, re.search(r"row bytes (\d+) batch bytes (\d+)", out.stdout).groups())
     assert row_bytes < batch_bytes / 100  # one 64 x 3 row, not the 16,384 x 3 batch
 
@@ -86,5 +90,4 @@ def test_runner_token_spans_come_from_the_query_start_buffer():
         "assert all(type(a) is int and type(b) is int for a, b in spans)\n"
         "assert spans[:3] == [(0, 37), (37, 38), (38, 39)]\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_python(code)
