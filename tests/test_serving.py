@@ -8,6 +8,7 @@ itself: every request bounds its length with ``max_new_tokens``.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import re
@@ -151,6 +152,25 @@ def test_six_concurrent_requests_each_equal_their_solo_run(server):
     for a, b in zip(solo, together, strict=True):
         assert_pcm_close(a, b)
     assert len({a.tobytes() for a in solo}) == 6
+
+
+def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_its_frames(server, tmp_path):
+    """Under async_chunk Stage 0 sends the API server its final output only (nothing there uses its per-step ones):
+    its stats still count every token, and each request's audio is exactly those frames, read from the server log
+    the way ``benchmarks/audio_vs_frames.py`` reads a GPU run's."""
+    spec = importlib.util.spec_from_file_location("audio_vs_frames", REPO_ROOT / "benchmarks" / "audio_vs_frames.py")
+    audio_vs_frames = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(audio_vs_frames)
+    before = len(server.log_text())
+    for i in range(3):
+        raw_pcm(server, input=f"{TEXT} Take {i}.", temperature=0.0)  # streamed: the kind vLLM-Omni coerces to DELTA
+    log = tmp_path / "server.log"
+    log.write_text(server.log_text()[before:])
+    stats = audio_vs_frames.requests(log)
+    assert len(stats) == 3, log.read_text()[-3000:]
+    for request_id, fields in stats.items():
+        assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)
+        assert int(fields["num_tokens_out"][0]) > 0
 
 
 @pytest.mark.parametrize("fmt", ["flac", "mp3", "opus", "pcm"])
