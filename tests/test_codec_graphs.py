@@ -92,6 +92,7 @@ def test_graph_capture_inside_vllms_model_load_shares_blocks_once_splitting_is_l
     restores it); the real-size codec's buckets must then reserve well under what they reserve without it."""
     from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, load_decoder_state
     from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+        NO_SPLIT_LIMIT_MB,
         VLLM_LOAD_MAX_SPLIT_MB,
         StreamingGraphs,
         block_splitting,
@@ -122,6 +123,6 @@ def test_graph_capture_inside_vllms_model_load_shares_blocks_once_splitting_is_l
     try:
         limited, lifted = reserved_by_capture(False), reserved_by_capture(True)
     finally:
-        torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{(2**64 - 1) // 2**20}")
+        torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{NO_SPLIT_LIMIT_MB}")
     print(f"reserved by 12 graphs: {limited / 2**30:.2f} GiB under the limit, {lifted / 2**30:.2f} GiB lifted")
     assert lifted < 0.6 * limited

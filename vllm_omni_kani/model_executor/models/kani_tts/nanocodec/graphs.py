@@ -32,7 +32,7 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # load. Blocks over the limit are never split, so each bucket's large activations took blocks of their own: 64 GiB
 # reserved for the 63 shipped graphs, against 14 GiB captured with splitting allowed (docs/BENCHMARKS.md).
 VLLM_LOAD_MAX_SPLIT_MB = 20
-_NO_SPLIT_LIMIT_MB = (2**64 - 1) // 2**20  # PyTorch's default: no limit
+NO_SPLIT_LIMIT_MB = (2**64 - 1) // 2**20  # PyTorch's default: no limit
 
 
 @contextlib.contextmanager
@@ -42,7 +42,7 @@ def block_splitting(restore_max_split_mb: int | None = VLLM_LOAD_MAX_SPLIT_MB) -
     if restore_max_split_mb is None or not torch.cuda.is_available():
         yield
         return
-    torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{_NO_SPLIT_LIMIT_MB}")
+    torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{NO_SPLIT_LIMIT_MB}")
     try:
         yield
     finally:
