@@ -53,6 +53,7 @@ for phase in "$@"; do
       checkpoints
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 540 $SHORT $LONG
       cleanup
+      frames_check shipped
       pack shipped ;;
     flat)
       checkpoints
@@ -77,7 +78,7 @@ for phase in "$@"; do
       checkpoints
       # Two codec engines on the one GPU: kani_tts_codec_replicas.yaml with every device 0 (written next to it, so
       # its base_config resolves).
-      sed -e 's/devices: "1,1"/devices: "0,0"/' -e 's/gpu_memory_utilization: 0.3/gpu_memory_utilization: 0.15/' \
+      sed -e 's/devices: "0,1"/devices: "0,0"/' -e 's/gpu_memory_utilization: 0.3/gpu_memory_utilization: 0.15/' \
         stage_configs/kani_tts_codec_replicas.yaml > stage_configs/kani_tts_codec_replicas_1gpu.yaml
       serve_sweeps 0 codec-replicas-1gpu "$CK/par" stage_configs/kani_tts_codec_replicas_1gpu.yaml 330 250:64,256
       cleanup
@@ -88,16 +89,14 @@ for phase in "$@"; do
         "    additional_config:" "      kani_async_omni_output: true" > stage_configs/kani_tts_async_output.yaml
       serve_sweeps 0 async-output "$CK/par" stage_configs/kani_tts_async_output.yaml 540 $SHORT $LONG
       cleanup
-      step audio-vs-frames 60 python3 benchmarks/audio_vs_frames.py "$R/serve-async-output.log" \
-        --tokens-per-frame 1 --json "$R/audio-vs-frames-async-output.json"
+      frames_check async-output
       pack async ;;
     asyncsched)
       checkpoints
       async_sched_overlay
       serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 540 $SHORT $LONG
       cleanup
-      step audio-vs-frames 60 python3 benchmarks/audio_vs_frames.py "$R/serve-async-sched.log" \
-        --tokens-per-frame 1 --json "$R/audio-vs-frames-async-sched.json"
+      frames_check async-sched
       pack asyncsched ;;
     profile)
       checkpoints

@@ -65,6 +65,7 @@ for phase in "$@"; do
         --ckpt "$CK/par" --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256 &
       serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
       wait; cleanup
+      frames_check shipped-1gpu
       pack profile ;;
     asyncsched)
       checkpoints
@@ -72,20 +73,20 @@ for phase in "$@"; do
       serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 420 250:64,256 &
       serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
       wait; cleanup
-      for label in async-sched shipped-1gpu; do
-        step "audio-vs-frames-$label" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$label.log" \
-          --tokens-per-frame 1 --json "$R/audio-vs-frames-$label.json"
-      done
+      frames_check async-sched
+      frames_check shipped-1gpu
       pack asyncsched ;;
     codecreplicas|dp|replicas)
       checkpoints
       if [ "$phase" != dp ]; then
         serve_sweeps 0,1 codec-replicas "$CK/par" stage_configs/kani_tts_codec_replicas.yaml 330 250:64,256
         cleanup
+        frames_check codec-replicas
       fi
       if [ "$phase" != codecreplicas ]; then
         serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml 330 250:64,256
         cleanup
+        frames_check dp
       fi
       pack "$phase" ;;
     steps)

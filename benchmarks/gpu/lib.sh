@@ -79,6 +79,12 @@ serve_sweeps() {
     python3 benchmarks/gpu/serve_sweeps.py --ckpt "$ckpt" --deploy-config "$yaml" --label "$label" --out "$R" "$@"
 }
 
+# frames_check LABEL: does every request's audio equal its Stage-0 frames? Read from serve_sweeps LABEL's server log.
+frames_check() {
+  step "audio-vs-frames-$1" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$1.log" --tokens-per-frame 1 \
+    --json "$R/audio-vs-frames-$1.json"
+}
+
 # The Stage-0 step, ours vs stock vLLM on the same backbone (sampled, with our greedy codes for --compare).
 stage0_steps() {
   step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
