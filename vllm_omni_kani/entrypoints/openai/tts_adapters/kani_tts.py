@@ -89,9 +89,8 @@ class KaniTTSAdapter(ARTTSAdapter):
         # With async_chunk the codec reads Stage 0's frames from the connector and nothing in this process uses
         # Stage 0's per-step outputs, which vLLM-Omni would otherwise build and route here, one per stream per
         # step (4,500 a second at 256 streams on an H200): Stage 0 reports once, when it finishes (its stats).
-        self.stage0_output_kind = (
-            RequestOutputKind.FINAL_ONLY if getattr(server.model_config, "async_chunk", False) else None
-        )
+        async_chunk = getattr(server.engine_client.model_config, "async_chunk", False)
+        self.stage0_output_kind = RequestOutputKind.FINAL_ONLY if async_chunk else None
 
     def normalize(self, request: Any) -> None:
         """Move ``language`` (checkpoints with tags), ``speaker_embedding``, ``ref_audio`` and an uploaded ``voice``
