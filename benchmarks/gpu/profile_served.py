@@ -5,7 +5,7 @@
 Starts one `vllm serve --omni` server, loads it with ``bench`` (FRAMES-frame requests at STREAMS concurrent
 streams), and once the load is steady measures for SECONDS: the CPU time of every process of the server's tree
 and of its busiest threads (psutil, so it costs the server nothing), and, where ``py-spy`` is on PATH, a
-non-blocking py-spy profile of the API server (all threads, and GIL holders only) and of each stage's engine core.
+non-blocking py-spy profile of the API server and of each stage's engine core (all threads, and GIL holders only).
 A single-threaded Python process at ~100% CPU (or a GIL held ~100% of the time) is the wall the GPUs wait on.
 Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files beside it.
 """
@@ -107,12 +107,12 @@ def main() -> None:
         if py_spy:
             common = ["record", "--nonblocking", "-r", str(args.rate), "-d", str(int(args.seconds)), "-f", "raw"]
             for pid in busy:
+                # All threads, and the GIL holder only: a process whose GIL is held ~100% of the time is the wall
+                # (the engine cores run their step, output and connector threads under one GIL).
                 spies.append(subprocess.Popen([py_spy, *common, "-p", str(pid), "-o", str(out / f"spy-{pid}.txt")]))
-            spies.append(
-                subprocess.Popen(
-                    [py_spy, *common, "--gil", "-p", str(server.proc.pid), "-o", str(out / "spy-api-gil.txt")]
+                spies.append(
+                    subprocess.Popen([py_spy, *common, "--gil", "-p", str(pid), "-o", str(out / f"gil-{pid}.txt")])
                 )
-            )
         before, t0 = snapshot(procs), time.monotonic()
         time.sleep(args.seconds)
         after, wall = snapshot(procs), time.monotonic() - t0
@@ -129,12 +129,15 @@ def main() -> None:
     rows.sort(key=lambda r: (r["id"].split("/")[0], -r["cpu"]))
     result: dict[str, object] = {"label": args.label, "frames": args.frames, "streams": args.streams, "cpu": rows}
     stacks = {}
-    for raw in sorted(out.glob("spy-*.txt")):
+    for raw in sorted([*out.glob("spy-*.txt"), *out.glob("gil-*.txt")]):
         stacks[raw.stem] = top_stacks(raw)
     result["stacks"] = stacks
-    if "spy-api-gil" in stacks:
-        # py-spy --gil keeps only samples where a thread held the GIL: their share of all sample slots.
-        result["api_server_gil_held"] = round(stacks["spy-api-gil"]["samples"] / (args.rate * int(args.seconds)), 3)
+    # py-spy --gil keeps only samples where a thread held the GIL: their share of all sample slots, per process.
+    result["gil_held"] = {
+        names.get(pid, str(pid))[:60]: round(stacks[f"gil-{pid}"]["samples"] / (args.rate * int(args.seconds)), 3)
+        for pid in busy
+        if f"gil-{pid}" in stacks
+    }
     result["api_server_pid"] = server.proc.pid
     path = out / f"profile-{args.label}.json"
     path.write_text(json.dumps(result, indent=1))
@@ -143,7 +146,8 @@ def main() -> None:
             print(f"{row['id']:>14} {row['comm']:<18} {100 * row['cpu']:5.0f}%  {row['process'][:60]}")
     for name, stack in stacks.items():
         print(name, "samples", stack["samples"], "top:", [f"{n} {f[:70]}" for f, n in stack["inclusive"][3:12]])
-    print(f"API server GIL held: {result.get('api_server_gil_held', '-')}", flush=True)
+    for process, held in result["gil_held"].items():
+        print(f"GIL held {100 * held:5.1f}%  {process}", flush=True)
     print(f"wrote {path}", flush=True)
 
 
