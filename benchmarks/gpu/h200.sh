@@ -60,10 +60,12 @@ for phase in "$@"; do
       serve_sweeps 0 flattened "$CK/flat" stage_configs/kani_tts.yaml 420 $SHORT $LONG
       cleanup
       stage0_steps
+      stage0_async_steps
       pack flat ;;
     stage0)
       checkpoints
       stage0_steps
+      stage0_async_steps
       pack stage0 ;;
     v2)
       checkpoints
@@ -85,15 +87,16 @@ for phase in "$@"; do
       pack replicas1 ;;
     async)
       checkpoints
-      printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 0" "    async_scheduling: true" \
-        "    additional_config:" "      kani_async_omni_output: true" > stage_configs/kani_tts_async_output.yaml
+      variant kani_tts_async_output stages.0.async_scheduling=true \
+        stages.0.additional_config.kani_async_omni_output=true
       serve_sweeps 0 async-output "$CK/par" stage_configs/kani_tts_async_output.yaml 540 $SHORT $LONG
       cleanup
       frames_check async-output
       pack async ;;
     asyncsched)
       checkpoints
-      async_sched_overlay
+      # Async scheduling alone: vLLM-Omni's deferred output building (kani_async_omni_output) stays off.
+      variant kani_tts_async_sched stages.0.async_scheduling=true
       serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 540 $SHORT $LONG
       cleanup
       frames_check async-sched
@@ -130,9 +133,7 @@ for phase in "$@"; do
       pack memory ;;
     budget)
       checkpoints
-      # An overlay of the shipped file, written next to it so that its base_config resolves.
-      printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 1" "    max_num_seqs: 64" \
-        "    additional_config:" "      codec_state_slots: 1024" > stage_configs/kani_tts_codec_budget64.yaml
+      variant kani_tts_codec_budget64 stages.1.max_num_seqs=64 stages.1.additional_config.codec_state_slots=1024
       serve_sweeps 0 codec-budget64 "$CK/par" stage_configs/kani_tts_codec_budget64.yaml 420 64:256 250:256
       cleanup
       pack budget ;;

@@ -20,7 +20,7 @@
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
 #   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
-#           times the step at every batch size, stock vs ours, sampled (stage0_steps without the async variant)
+#           times the step at every batch size, stock vs ours, sampled (stage0_steps)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -69,7 +69,8 @@ for phase in "$@"; do
       pack profile ;;
     asyncsched)
       checkpoints
-      async_sched_overlay
+      # Async scheduling alone: vLLM-Omni's deferred output building (kani_async_omni_output) stays off.
+      variant kani_tts_async_sched stages.0.async_scheduling=true
       serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 420 250:64,256 &
       serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 420 250:64,256 &
       wait; cleanup
@@ -96,10 +97,7 @@ for phase in "$@"; do
         spy_step stage0-step omni "$CK/par"
         memory_steps ) &
       ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
-        step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
-          --out "$R" --sampled
-        step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
-          --out "$R" --sampled --codes ) &
+        stage0_steps ) &
       wait; cleanup
       pack steps ;;
     *) echo "unknown phase $phase (see the list at the top)"; exit 2 ;;

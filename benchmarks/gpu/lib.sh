@@ -91,7 +91,11 @@ stage0_steps() {
     --out "$R" --sampled
   step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
     --out "$R" --sampled --codes
-  # The same with async scheduling and vLLM-Omni's deferred output building, greedy codes compared with stage0's.
+}
+
+# stage0_async_steps: the Stage-0 step with async scheduling and vLLM-Omni's deferred output building, and its
+# greedy codes compared with those of stage0_steps.
+stage0_async_steps() {
   step stage0-async 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
     --label stage0-async --out "$R" --sampled --codes --async-output
   step agreement-async 60 python3 -m vllm_omni_kani.benchmarks.step_time --compare "$R/stage0.json" \
@@ -126,9 +130,9 @@ memory_steps() {
     --split-during-capture --out "$R"
 }
 
-# async_sched_overlay: kani_tts.yaml with Stage 0's async scheduling on, written next to it so its base_config
-# resolves (vLLM-Omni's deferred output building, kani_async_omni_output, stays off).
-async_sched_overlay() {
-  printf '%s\n' "base_config: kani_tts.yaml" "stages:" "  - stage_id: 0" "    async_scheduling: true" \
-    > stage_configs/kani_tts_async_sched.yaml
+# variant NAME KEY=VALUE...: stage_configs/NAME.yaml, the shipped kani_tts.yaml with the changes (dotted paths,
+# benchmarks/variants.py), e.g. stages.0.async_scheduling=true.
+variant() {
+  local name=$1; shift
+  python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts.yaml "stage_configs/$name.yaml" "$@" > /dev/null
 }
