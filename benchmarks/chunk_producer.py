@@ -13,22 +13,18 @@ from __future__ import annotations
 import argparse
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from vllm.v1.request import RequestStatus
 from vllm_omni.data_entry_keys import unflatten_payload
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.stage_input_processors.kani_tts import parallel_async_chunk
 
-SHIPPED_EXTRA = {
-    "initial_codec_chunk_frames": 3,
-    "codec_chunk_frames": 16,
-    "max_codec_chunk_frames": 64,
-    "codec_left_context_frames": 28,
-    "codec_stateful_decode": True,
-}
+SHIPPED = Path(__file__).resolve().parents[1] / "stage_configs" / "kani_tts.yaml"
 
 
 def main() -> None:
@@ -36,9 +32,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--steps", type=int, default=250)
     args = parser.parse_args()
-    manager = types.SimpleNamespace(
-        request_payload={}, connector=types.SimpleNamespace(config={"extra": SHIPPED_EXTRA})
-    )
+    # The shipped chunk policy, as the connector hands it to the producer.
+    extra = yaml.safe_load(SHIPPED.read_text())["connectors"]["shm"]["extra"]
+    manager = types.SimpleNamespace(request_payload={}, connector=types.SimpleNamespace(config={"extra": extra}))
     requests = [
         types.SimpleNamespace(
             external_req_id=f"req-{i}", output_token_ids=[tl.START_OF_SPEECH], status=RequestStatus.RUNNING
