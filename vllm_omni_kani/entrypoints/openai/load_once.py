@@ -23,7 +23,6 @@ class LoadOnce(Generic[T]):
         self._lock = threading.Lock()
         self._value: T | None = None
         self._loaded = False
-        self.loads = 0  # successful factory calls: 1 once loaded
 
     @property
     def loaded(self) -> bool:
@@ -36,6 +35,5 @@ class LoadOnce(Generic[T]):
         with self._lock:
             if not self._loaded:
                 self._value = self._factory()
-                self.loads += 1
                 self._loaded = True
         return self._value  # type: ignore[return-value]
