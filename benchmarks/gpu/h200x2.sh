@@ -21,6 +21,8 @@
 #   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
 #           times the step at every batch size, stock vs ours, sampled (stage0_steps)
+#   mps     the shipped YAML on GPU 0 under an MPS daemon of that GPU only (Stage 0 and the codec run kernels at
+#           once instead of time-slicing the GPU), the shipped YAML as is on GPU 1: 250 frames at 64 and 256 streams
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -100,6 +102,23 @@ for phase in "$@"; do
         stage0_steps ) &
       wait; cleanup
       pack steps ;;
+    mps)
+      checkpoints
+      if command -v nvidia-cuda-mps-control > /dev/null; then
+        ( export CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+          mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+          nvidia-cuda-mps-control -d && echo "MPS daemon started on GPU 0"
+          serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 330 250:64,256
+          echo quit | nvidia-cuda-mps-control
+          cp -r "$CUDA_MPS_LOG_DIRECTORY" "$R/mps-log" 2>/dev/null ) &
+        serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 330 250:64,256 &
+        wait; cleanup
+        frames_check mps
+        frames_check shipped-1gpu
+      else
+        echo "no nvidia-cuda-mps-control on this machine" | tee "$R/mps-missing.txt"
+      fi
+      pack mps ;;
     *) echo "unknown phase $phase (see the list at the top)"; exit 2 ;;
   esac
 done
