@@ -27,9 +27,9 @@ source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 if [ $quick = 1 ]; then
-  SHORT=64:1,64,256; LONG=250:64,256
+  SHORT=64:1,64,256; LONG=250:64,256; MPS_SWEEP=250:256
 else
-  SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256
+  SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; MPS_SWEEP=250:64,256
 fi
 
 for phase in "$@"; do
@@ -108,10 +108,10 @@ for phase in "$@"; do
         ( export CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
           mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
           nvidia-cuda-mps-control -d && echo "MPS daemon started on GPU 0"
-          serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 330 250:64,256
+          serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 250 $MPS_SWEEP
           echo quit | nvidia-cuda-mps-control
           cp -r "$CUDA_MPS_LOG_DIRECTORY" "$R/mps-log" 2>/dev/null ) &
-        serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 330 250:64,256 &
+        serve_sweeps 1 shipped-1gpu "$CK/par" stage_configs/kani_tts.yaml 250 $MPS_SWEEP &
         wait; cleanup
         frames_check mps
         frames_check shipped-1gpu
