@@ -241,8 +241,8 @@ def restore_discarded_generators_on_cpu() -> bool | None:
     together (measured: eight concurrent seeded 400-character inputs under ``max_num_batched_tokens: 512``).
 
     Instead, each seeded request's generator state is kept as of the end of its last step, and a discarded row gets
-    that state back. This also undoes the draws the model made during the discarded step (Kani samples codebooks
-    2-4 inside its forward), which the fixed offset of 4 would not. Not reported upstream yet.
+    that state back, and with it the position that seeds the code heads' noise (``code_sampler.generator_position``).
+    Not reported upstream yet.
 
     Returns whether the patch is active.
     """
