@@ -36,10 +36,6 @@ def _vllm_cpu_0_26() -> bool:
     return current_platform.is_cpu() and _vllm_version().startswith("0.26.")
 
 
-def _vllm_0_26() -> bool:
-    return _vllm_version().startswith("0.26.")
-
-
 def _vllm_omni_0_26() -> bool:
     return _vllm_omni_version().startswith("0.26.")
 
@@ -537,31 +533,6 @@ def vectorise_request_token_spans() -> bool | None:
     OmniGPUModelRunner._compute_request_token_spans = _compute_request_token_spans
 
 
-@_patch(_vllm_0_26)
-def incremental_penalty_token_arrays() -> bool | None:
-    """vLLM 0.26: build the penalties' output-token tensor from per-request copies that grow by each step's tail.
-
-    ``penalties._convert_to_tensors`` pads every request's whole output list into a new array each step, then pins
-    a new host tensor of that step's shape (12% of a served Stage-0 step at 256 streams, eighth set). Here the
-    array comes from ``sample.output_tokens.OutputTokenArrays`` (one per process: one engine core samples at a time)
-    and goes to the device without pinning; values and shape are vLLM's. Returns whether the patch is active.
-    """
-    import torch
-    from vllm.v1.sample.ops import penalties
-
-    from vllm_omni_kani.sample.output_tokens import OutputTokenArrays
-
-    if not hasattr(penalties, "_convert_to_tensors"):
-        return False
-    arrays = OutputTokenArrays()
-
-    def _convert_to_tensors(output_token_ids: list[list[int]], vocab_size: int, device: Any) -> Any:
-        # vocab_size pads: no token has that id (as in vLLM).
-        return torch.from_numpy(arrays.padded(output_token_ids, vocab_size)).to(device, non_blocking=True)
-
-    penalties._convert_to_tensors = _convert_to_tensors
-
-
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -577,7 +548,6 @@ def apply_all() -> list[str]:
             unlink_shm_chunks_of_aborted_requests,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,
-            incremental_penalty_token_arrays,
         )
         if fn()
     ]
