@@ -21,7 +21,8 @@
 #            shipped file without it; since the codec stopped being the bound this was not measured again
 #   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
 #            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
-#   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step)
+#   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
+#           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes
 #   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
@@ -111,6 +112,7 @@ for phase in "$@"; do
       checkpoints
       spy_step stock-step vllm "$CK/flat"
       spy_step stage0-step omni "$CK/par"
+      step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
       cleanup
       pack stepprofile ;;
     mps)

@@ -21,7 +21,8 @@
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
 #   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
-#           times the step at every batch size, stock vs ours, sampled (stage0_steps)
+#           times the step at every batch size, stock vs ours, sampled (stage0_steps); last on GPU 0, the host cost
+#           of the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   mps     the shipped YAML on GPU 0 under an MPS daemon of that GPU only (Stage 0 and the codec run kernels at
 #           once instead of time-slicing the GPU), the shipped YAML as is on GPU 1: 250 frames at 64 and 256 streams
 source "$(dirname "$0")/lib.sh"
@@ -98,7 +99,8 @@ for phase in "$@"; do
       ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
         spy_step stock-step vllm "$CK/flat"
         spy_step stage0-step omni "$CK/par"
-        memory_steps ) &
+        memory_steps
+        step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R" ) &
       ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
         stage0_steps ) &
       wait; cleanup
