@@ -16,6 +16,14 @@ fi
 export PYTHONPATH=$PWD:/tmp/kani-dist:/tmp/site:/tmp/whl
 export PATH=/tmp/whl/bin:$PATH  # py-spy, when its wheel is carried
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_COLOR=0
+# JIT caches. On a fresh machine Stage 0 spent 97 s between its profiling run and its KV-cache line (11-14 s once the
+# machine had compiled them: eighth set), so a served phase needs 4 minutes to start. pack returns Triton's cache
+# and vLLM's compile caches (VLLM_CACHE_ROOT=/tmp/vcN) as $OUT/jit-cache.tgz; carried back as .devjit/jit-cache.tgz
+# (its own carry path, in a call after the staging ones), they are restored here once per machine.
+export TRITON_CACHE_DIR=/tmp/jit-triton
+if [ -f .devjit/jit-cache.tgz ] && [ ! -e /tmp/jit-restored ]; then
+  tar -C /tmp -xzf .devjit/jit-cache.tgz && touch /tmp/jit-restored && echo "JIT caches restored"
+fi
 R=/tmp/kani-results
 CK=/tmp/ck
 Y=/tmp/kani-yaml
@@ -53,6 +61,7 @@ cleanup() { pkill -9 -f "vllm serve" 2>/dev/null; pkill -9 -f "vllm_omni" 2>/dev
 pack() {
   python3 -m vllm_omni_kani.cli bench --report-only --out "$R" > /dev/null 2>&1 || true
   tar -C /tmp -czf "$OUT/results-$1.tgz" kani-results
+  (cd /tmp && ls -d jit-triton vc[0-9]* 2> /dev/null | xargs -r tar -czf "$OUT/jit-cache.tgz") || true
 }
 
 device_info() {
