@@ -1,6 +1,6 @@
 """Does every request's audio equal the frames its Stage 0 generated? Read from a server log's per-request stats.
 
-    python3 benchmarks/audio_vs_frames.py SERVER_LOG [--tokens-per-frame 1|4] [--json OUT]
+    python3 benchmarks/audio_vs_frames.py SERVER_LOG[.gz] [--tokens-per-frame 1|4] [--json OUT]
 
 vLLM-Omni logs a ``StageRequestStats`` table per request: Stage 0's ``num_tokens_out`` and Stage 1's
 ``audio_generated_frames`` (samples). A request is *whole* when its audio is exactly the frames of its output
@@ -11,6 +11,7 @@ tokens: ``tokens // tokens_per_frame`` frames, less the frame-less tokens a stre
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 from collections import Counter
@@ -24,7 +25,8 @@ def requests(log: Path) -> dict[str, dict[str, str]]:
     """request id -> {field: (stage-0 value, stage-1 value)} of every stats table in the log."""
     out: dict[str, dict[str, tuple[str, str]]] = {}
     current = None
-    for line in log.read_text(errors="replace").splitlines():
+    text = gzip.decompress(log.read_bytes()).decode(errors="replace") if log.suffix == ".gz" else None
+    for line in (text if text is not None else log.read_text(errors="replace")).splitlines():
         m = re.search(r"StageRequestStats \[request_id=([^\]]+)\]", line)
         if m:
             current = out.setdefault(m.group(1), {})
