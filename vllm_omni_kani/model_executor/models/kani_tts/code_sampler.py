@@ -9,6 +9,7 @@ on the device and needs no host synchronisation. A seeded request's noise is a h
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any
 
@@ -86,6 +87,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@functools.cache
+def _mixed_columns(width: int, device: torch.device) -> torch.Tensor:
+    """``_mix32`` of ``0..width-1``: the per-column half of every row's hash, the same every step (read, never
+    written: callers combine it into new tensors)."""
+    return _mix32(torch.arange(width, dtype=torch.long, device=device))
+
+
 def generator_position(generator: torch.Generator) -> int:
     """Where a request's generator stands; it moves only when vLLM samples codebook 1 from it.
 
@@ -113,7 +121,7 @@ def seeded_exponentials(generators: list[torch.Generator], width: int, device: t
     row = _mix32(key[:, 3] ^ _SALT)
     for column in (2, 1, 0):
         row = _mix32(row ^ key[:, column])
-    bits = _mix32(_mix32(torch.arange(width, dtype=torch.long, device=device)).unsqueeze(0) ^ row.unsqueeze(1))
+    bits = _mix32(_mixed_columns(width, device).unsqueeze(0) ^ row.unsqueeze(1))
     bits ^= _mix32(row ^ _SALT).unsqueeze(1)
     bits = _mix32(bits)
     bits >>= 8
