@@ -21,12 +21,17 @@ SAMPLES_PER_FRAME = 1764
 _ROW = re.compile(r"\|\s*(\w+)\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
 
 
+def log_lines(log: Path) -> list[str]:
+    """A server log's lines; ``.gz`` logs (as kept under ``benchmarks/results/``) are read through gzip."""
+    data = log.read_bytes()
+    return (gzip.decompress(data) if log.suffix == ".gz" else data).decode(errors="replace").splitlines()
+
+
 def requests(log: Path) -> dict[str, dict[str, str]]:
     """request id -> {field: (stage-0 value, stage-1 value)} of every stats table in the log."""
     out: dict[str, dict[str, tuple[str, str]]] = {}
     current = None
-    text = gzip.decompress(log.read_bytes()).decode(errors="replace") if log.suffix == ".gz" else None
-    for line in (text if text is not None else log.read_text(errors="replace")).splitlines():
+    for line in log_lines(log):
         m = re.search(r"StageRequestStats \[request_id=([^\]]+)\]", line)
         if m:
             current = out.setdefault(m.group(1), {})

@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import ast
 import bisect
-import gzip
 import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from audio_vs_frames import log_lines
+
+from vllm_omni_kani.benchmarks.bench_tts import percentile
 
 _EMIT = re.compile(r"stage0 emit req=(\S+) chunk=(\d+) left=(\d+) new=(\d+) .* wall=([\d.]+)")
 _STEP = re.compile(r"stage1 decode windows=(\[.*?\]) started=([\d.]+) ms=([\d.]+)")
@@ -35,26 +38,23 @@ class Step:
 
 def read(log: Path) -> tuple[list[tuple[float, str, int, tuple[int, int]]], list[Step]]:
     """(wall, request, chunk index, (new, left)) per emitted chunk, and the codec steps, both in time order."""
-    opener = gzip.open if log.suffix == ".gz" else open
     emits, steps = [], []
-    with opener(log, "rt", errors="replace") as lines:
-        for line in lines:
-            if "kani trace:" not in line:
-                continue
-            if m := _EMIT.search(line):
-                emits.append((float(m[5]), m[1], int(m[2]), (int(m[4]), int(m[3]))))
-            elif m := _STEP.search(line):
-                windows = [tuple(w) for w in ast.literal_eval(m[1])]
-                steps.append(Step(float(m[2]), float(m[3]), windows, Counter(windows)))
+    for line in log_lines(log):
+        if "kani trace:" not in line:
+            continue
+        if m := _EMIT.search(line):
+            emits.append((float(m[5]), m[1], int(m[2]), (int(m[4]), int(m[3]))))
+        elif m := _STEP.search(line):
+            windows = [tuple(w) for w in ast.literal_eval(m[1])]
+            steps.append(Step(float(m[2]), float(m[3]), windows, Counter(windows)))
     return sorted(emits), sorted(steps, key=lambda s: s.started)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
+    """Count, p50 / p95 as ``bench`` computes its own (interpolated), and the largest."""
     if not values:
         return {}
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(ordered), "p50": pick(0.5), "p95": pick(0.95), "max": ordered[-1]}
+    return {"n": len(values), "p50": percentile(values, 50), "p95": percentile(values, 95), "max": max(values)}
 
 
 def main() -> None:

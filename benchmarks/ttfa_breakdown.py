@@ -13,12 +13,13 @@ finishing order, are the JSON's levels in order (their ``requests`` counts). p50
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 from pathlib import Path
 
-from audio_vs_frames import requests
+from audio_vs_frames import log_lines, requests
+
+from vllm_omni_kani.benchmarks.bench_tts import percentile
 
 _E2E = re.compile(r"\[SpeechE2E\] request_id=(\S+) stream=true status=ok .* first_chunk_ms=([\d.]+)")
 
@@ -29,9 +30,13 @@ def _ms(text: str) -> float | None:
 
 
 def _pcts(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1)  # noqa: E731
-    return {"p50": pick(0.5), "p95": pick(0.95)} if ordered else {}
+    """p50 / p95 as ``bench`` computes its own (interpolated), in ms to 0.1."""
+    return {f"p{q}": round(percentile(values, q), 1) for q in (50, 95)} if values else {}
+
+
+def _column(rows: list[dict[str, tuple[str, str]]], field: str, stage: int) -> list[float]:
+    """One stage's value of ``field`` over the requests whose table has it."""
+    return [v for r in rows if field in r and (v := _ms(r[field][stage])) is not None]
 
 
 def main() -> None:
@@ -41,9 +46,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     stats = list(requests(args.log).values())
-    text = gzip.decompress(args.log.read_bytes()).decode(errors="replace") if args.log.suffix == ".gz" else None
-    lines = (text if text is not None else args.log.read_text(errors="replace")).splitlines()
-    first_chunks = [float(m[2]) for line in lines if (m := _E2E.search(line))]
+    first_chunks = [float(m[2]) for line in log_lines(args.log) if (m := _E2E.search(line))]
     levels = json.loads(args.bench.read_text())["levels"]
     out = []
     end_stats, end_chunks = len(stats), len(first_chunks)
@@ -53,18 +56,14 @@ def main() -> None:
         end_stats -= n
         chunk_ms = first_chunks[max(0, end_chunks - n) : end_chunks]
         end_chunks -= n
-
-        def column(field: str, stage: int, rows: list = rows) -> list[float]:
-            return [v for r in rows if field in r and (v := _ms(r[field][stage])) is not None]
-
         out.append(
             {
                 "concurrency": level["concurrency"],
                 "requests": n,
-                "stage 0 first token (vllm_ttft_ms)": _pcts(column("vllm_ttft_ms", 0)),
-                "stage 1 first audio (vllm_ttft_ms)": _pcts(column("vllm_ttft_ms", 1)),
+                "stage 0 first token (vllm_ttft_ms)": _pcts(_column(rows, "vllm_ttft_ms", 0)),
+                "stage 1 first audio (vllm_ttft_ms)": _pcts(_column(rows, "vllm_ttft_ms", 1)),
                 "stage 1 first output, serving (serving_time_to_first_output_ms)": _pcts(
-                    column("serving_time_to_first_output_ms", 1)
+                    _column(rows, "serving_time_to_first_output_ms", 1)
                 ),
                 "API first chunk (first_chunk_ms)": _pcts(chunk_ms),
                 "client TTFA": {"p50": round(level["ttfa_ms_p50"], 1), "p95": round(level["ttfa_ms_p95"], 1)},
