@@ -8,6 +8,10 @@ Each streamed request leaves, in the API server's log, vLLM-Omni's per-request s
 to the first audio bytes it encodes). The benchmark's JSON holds what the client saw (``ttfa_ms_p50`` / ``p95``).
 ``bench`` runs its levels one after another and waits for each to finish, so the last requests of the log, in
 finishing order, are the JSON's levels in order (their ``requests`` counts). p50 / p95 of each, per level.
+
+A sweep run with ``bench --trace`` against a server on the same host also has, per request, the client's send and
+first-byte times (JSON) and the server's ``[KaniTTFA]`` points (log), all on one monotonic clock. Joined by request
+id they split each request's TTFA into consecutive segments (``SEGMENTS``) that add up to it exactly.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from audio_vs_frames import log_lines, requests
 
 from vllm_omni_kani.benchmarks.bench_tts import percentile
 
+_TRACE = re.compile(r"\[KaniTTFA\] request_id=(\S+) outcome=(\S+) (.*)")
+# (name, from, to): consecutive points of a request's way to its first byte; "sent" and "first_byte" are the client's.
+SEGMENTS = (
+    ("client send -> admitted (connect, HTTP parsing, event loop)", "sent", "arrived"),
+    ("admitted -> speech handler (body, validation)", "arrived", "handler"),
+    ("handler -> engine request submitted (prompt, add_request)", "handler", "submitted"),
+    ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio"),
+    ("first audio -> first bytes to the server (encoding)", "first_audio", "first_body"),
+    ("first bytes -> client's first byte (transport, client loop)", "first_body", "first_byte"),
+)
 _E2E = re.compile(r"\[SpeechE2E\] request_id=(\S+) stream=true status=ok .* first_chunk_ms=([\d.]+)")
 
 
@@ -39,6 +53,29 @@ def _column(rows: list[dict[str, tuple[str, str]]], field: str, stage: int) -> l
     return [v for r in rows if field in r and (v := _ms(r[field][stage])) is not None]
 
 
+def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
+    """request id -> {point: perf_counter seconds} of every ``[KaniTTFA]`` line."""
+    out = {}
+    for line in lines:
+        if m := _TRACE.search(line):
+            out[m[1]] = {k: float(v) for k, v in (item.split("=", 1) for item in m[3].split())}
+    return out
+
+
+def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[dict[str, list[float]], int]:
+    """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are."""
+    out: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    joined = 0
+    for trace in traces:
+        stamps = {**points.get(trace["id"], {}), "sent": trace["sent"], "first_byte": trace.get("first_byte")}
+        if any(stamps.get(point) is None for _, a, b in SEGMENTS for point in (a, b)):
+            continue
+        joined += 1
+        for name, a, b in SEGMENTS:
+            out[name].append((stamps[b] - stamps[a]) * 1000.0)
+    return out, joined
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path)
@@ -46,7 +83,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     stats = list(requests(args.log).values())
-    first_chunks = [float(m[2]) for line in log_lines(args.log) if (m := _E2E.search(line))]
+    lines = log_lines(args.log)
+    first_chunks = [float(m[2]) for line in lines if (m := _E2E.search(line))]
+    points = server_points(lines)
     levels = json.loads(args.bench.read_text())["levels"]
     out = []
     end_stats, end_chunks = len(stats), len(first_chunks)
@@ -69,9 +108,14 @@ def main() -> None:
                 "client TTFA": {"p50": round(level["ttfa_ms_p50"], 1), "p95": round(level["ttfa_ms_p95"], 1)},
             }
         )
+        if level.get("trace"):
+            split, joined = segments(level["trace"], points)
+            out[-1]["traced requests joined"] = joined
+            out[-1].update({name: _pcts(values) for name, values in split.items()})
     out.reverse()
     for row in out:
-        print(f"c={row['concurrency']} ({row['requests']} requests)")
+        joined = row.get("traced requests joined")
+        print(f"c={row['concurrency']} ({row['requests']} requests{'' if joined is None else f', {joined} traced'})")
         for key, value in row.items():
             if isinstance(value, dict):
                 print(f"  {key:<66} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")

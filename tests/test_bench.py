@@ -7,9 +7,11 @@ code that measures the GPU runs end to end and writes every field, table and plo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from tests.server_utils import REPO_ROOT
 from vllm_omni_kani.benchmarks import report
 from vllm_omni_kani.benchmarks.bench_tts import SAMPLES_PER_FRAME, percentile
 from vllm_omni_kani.cli import main
@@ -64,3 +66,37 @@ def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_p
     assert "| concurrency |" in markdown and "\n| 2 | 2 | 0 |" in markdown
     assert (tmp_path / report.REPORT_PNG).stat().st_size > 1000
     assert f"]({report.REPORT_PNG})" in markdown
+
+
+def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server, tiny_parallel, tmp_path, monkeypatch):
+    """``bench --trace`` against the real server: every request's id and client times join the server's
+    ``[KaniTTFA]`` points (one clock on one host), in order, and the segments add up to what the client saw."""
+    server = omni_server(tiny_parallel, DEPLOY)
+    before = len(server.log_text())
+    argv = ["bench", "--url", server.base_url, "--model", server.model, "--label", "traced", "--concurrency", "2"]
+    argv += ["--requests", "3", "--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path), "--trace"]
+    assert main(argv) == 0
+    (level,) = json.loads((tmp_path / "traced.json").read_text())["levels"]
+    assert level["ok"] == 3 and len(level["trace"]) == 3
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
+    import ttfa_breakdown
+
+    # The line is logged when the response has ended on the server, which may be just after the client's last byte.
+    deadline = time.monotonic() + 30
+    while True:
+        points = ttfa_breakdown.server_points(server.log_text()[before:].splitlines())
+        if len(points) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert {t["id"] for t in level["trace"]} <= set(points), points
+    split, joined = ttfa_breakdown.segments(level["trace"], points)
+    assert joined == 3
+    log_resolution_ms = 1e-3  # the log prints microseconds
+    for name, values in split.items():
+        assert min(values) >= -log_resolution_ms, (name, values)
+    for i, trace in enumerate(level["trace"]):
+        total = sum(values[i] for values in split.values())
+        assert total == pytest.approx((trace["first_byte"] - trace["sent"]) * 1000.0, abs=4 * log_resolution_ms)
+    # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
+    assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

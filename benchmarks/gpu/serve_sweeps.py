@@ -3,8 +3,10 @@
     python3 benchmarks/gpu/serve_sweeps.py --ckpt CK --deploy-config Y --label L --out R 64:1,64,256 250:64,256
 
 Each RUN is ``FRAMES:CONCURRENCY,...`` and writes ``R/L-fFRAMES.json``; the first run also checks one request
-end to end (streamed PCM == WAV). Afterwards the server log is scanned for chunks the codec refused (a lost or
-out-of-order chunk would be logged there), and the count is written to ``R/L-codec-errors.txt``.
+end to end (streamed PCM == WAV). Every request is traced (``bench --trace``: the server logs its TTFA points,
+which ``benchmarks/ttfa_breakdown.py`` joins with the client's). Afterwards the server log is scanned for chunks the
+codec refused (a lost or out-of-order chunk would be logged there), and the count is written to
+``R/L-codec-errors.txt``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def main() -> None:
             frames, levels = run.split(":")
             argv = ["--url", server.url, "--model", args.ckpt, "--label", f"{args.label}-f{frames}"]
             argv += ["--max-new-frames", frames, "--concurrency", levels, "--warmup", str(args.warmup)]
-            argv += ["--out", str(out), "--deploy-config-note", args.deploy_config]
+            argv += ["--out", str(out), "--deploy-config-note", args.deploy_config, "--trace"]
             if i == 0:
                 argv.append("--e2e")
             parser_b = argparse.ArgumentParser()

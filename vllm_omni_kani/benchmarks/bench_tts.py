@@ -7,6 +7,10 @@ requests in flight until ``requests`` have finished; per level it reports TTFA p
 frames/s and errors. Results go to ``DIR/<label>.json`` and are rendered with every other result in DIR into
 ``DIR/report.md`` and ``DIR/report.png`` (``report.py``).
 
+With ``--trace`` each request is sent with its own ``X-Request-Id`` and ``X-Kani-Trace: 1``, and the level's row
+keeps, per request, its id and the client's ``time.perf_counter()`` at sending, first byte and end
+(``trace``): ``benchmarks/ttfa_breakdown.py`` places them among the server's ``[KaniTTFA]`` points.
+
 With random-weight checkpoints the audio length is set by ``max_new_tokens`` (frames × tokens per frame),
 so every level moves the same audio per request and levels compare like with like.
 """
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,8 @@ from typing import Any
 import httpx
 
 from vllm_omni_kani.benchmarks import report
+from vllm_omni_kani.entrypoints.openai.cancellation import REQUEST_ID_HEADER
+from vllm_omni_kani.entrypoints.openai.speech_guard import TRACE_HEADER
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FRAME_RATE, SAMPLE_RATE
 
 PCM_BYTES_PER_SAMPLE = 2  # response_format=pcm is 16-bit mono
@@ -78,6 +85,8 @@ class RequestResult:
     total_s: float
     audio_s: float
     error: str | None = None
+    # With ``ClientConfig.trace``: the request id and the client's perf_counter() at sending, first byte and end.
+    trace: dict[str, Any] | None = None
 
 
 @dataclass
@@ -90,6 +99,7 @@ class ClientConfig:
     timeout_s: float = 600.0
     # Sent as request fields on top of the checkpoint's sampling defaults (e.g. {"temperature": 0.0}).
     extra: dict[str, Any] = field(default_factory=dict)
+    trace: bool = False  # name each request and ask the server to log its TTFA points
 
 
 async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str, seed: int) -> RequestResult:
@@ -103,26 +113,35 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
         "seed": seed,
         **cfg.extra,
     }
+    headers, trace = {}, None
+    if cfg.trace:
+        trace = {"id": f"bench-{seed}-{uuid.uuid4().hex[:12]}"}
+        headers = {REQUEST_ID_HEADER: trace["id"], TRACE_HEADER: "1"}
     start = time.perf_counter()
     first: float | None = None
     received = 0
+
+    def result(ok: bool, ttfa: float | None, audio_s: float, error: str | None = None) -> RequestResult:
+        total = time.perf_counter() - start
+        if trace is not None:
+            trace.update(sent=start, first_byte=None if ttfa is None else start + ttfa, end=start + total)
+        return RequestResult(ok, ttfa, total, audio_s, error, trace)
+
     try:
-        async with client.stream("POST", f"{cfg.base_url}/v1/audio/speech", json=payload) as response:
+        url = f"{cfg.base_url}/v1/audio/speech"
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")[:300]
-                error = f"HTTP {response.status_code}: {body}"
-                return RequestResult(False, None, time.perf_counter() - start, 0.0, error)
+                return result(False, None, 0.0, f"HTTP {response.status_code}: {body}")
             async for chunk in response.aiter_bytes():
                 if chunk and first is None:
                     first = time.perf_counter() - start
                 received += len(chunk)
     except (httpx.HTTPError, OSError) as exc:
-        return RequestResult(False, first, time.perf_counter() - start, 0.0, f"{type(exc).__name__}: {exc}")
-    total = time.perf_counter() - start
-    audio_s = received / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE
+        return result(False, first, 0.0, f"{type(exc).__name__}: {exc}")
     if received == 0:
-        return RequestResult(False, None, total, 0.0, "HTTP 200 with no audio")
-    return RequestResult(True, first, total, audio_s)
+        return result(False, None, 0.0, "HTTP 200 with no audio")
+    return result(True, first, received / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE)
 
 
 async def run_level(cfg: ClientConfig, concurrency: int, requests: int, seed_base: int = 0) -> dict[str, Any]:
@@ -163,6 +182,7 @@ def summarize(results: list[RequestResult], concurrency: int, wall_s: float) -> 
     rtf = [r.total_s / r.audio_s for r in good if r.audio_s > 0]
     audio = sum(r.audio_s for r in good)
     errors = [r.error for r in results if not r.ok]
+    traces = [r.trace for r in results if r.trace is not None]
     return {
         "concurrency": concurrency,
         "requests": len(results),
@@ -179,6 +199,7 @@ def summarize(results: list[RequestResult], concurrency: int, wall_s: float) -> 
         "audio_s_total": audio,
         "realtime_x": audio / wall_s if wall_s > 0 else 0.0,
         "frames_per_s": audio * FRAME_RATE / wall_s if wall_s > 0 else 0.0,
+        **({"trace": traces} if traces else {}),
     }
 
 
@@ -247,6 +268,7 @@ def run_serve_bench(args: argparse.Namespace, url: str, model: str, label: str, 
         seed=args.seed,
         timeout_s=args.timeout,
         extra=json.loads(args.request_extra) if args.request_extra else {},
+        trace=getattr(args, "trace", False),
     )
     result = {
         "kind": "serve",
@@ -295,6 +317,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-requests", type=int, default=8, help="requests for the naive baseline (sequential)")
     parser.add_argument("--step-batches", type=parse_int_list, default=[1, 8, 32, 64, 128, 256])
     parser.add_argument("--e2e", action="store_true", help="first check one request: streamed PCM == WAV")
+    parser.add_argument("--trace", action="store_true", help="keep per-request times; the server logs [KaniTTFA]")
     parser.add_argument("--report-only", action="store_true", help="only re-render report.md/png from <out>/*.json")
 
 

@@ -79,6 +79,14 @@ class ActiveSpeech:
     outcome: str | None = None  # how it ended (metrics.OUTCOMES), set just before release
     # The request's audio generators (one per engine request: a batch has several), closed when it ends.
     outputs: list[AsyncGenerator[Any, None]] = field(default_factory=list)
+    # Asked for with ``X-Kani-Trace: 1``: ``time.perf_counter()`` of each point of the request's way to its first
+    # audio (``speech_guard.TRACE_POINTS``), logged at release; None when not traced.
+    trace: dict[str, float] | None = None
+
+    def stamp(self, point: str) -> None:
+        """Note the first time the request reaches ``point`` (a no-op unless it is traced)."""
+        if self.trace is not None and point not in self.trace:
+            self.trace[point] = time.perf_counter()
 
     async def close_outputs(self) -> None:
         """Close the request's audio generators, which aborts their engine requests in every stage.

@@ -93,10 +93,15 @@ async def prepare_kani_speech(
     native = adapter.settings.sample_rate
     out_rate = options.sample_rate or native
     guard = current_speech()
-    timing = SpeechTiming(streaming, native, arrival=guard.entry.admitted_at if guard else time.perf_counter())
+    entry = guard.entry if guard else None
+    if entry is not None:
+        entry.stamp("handler")
+    timing = SpeechTiming(streaming, native, arrival=entry.admitted_at if entry else time.perf_counter())
     first_id, first_gen, tts_params = await original(
         server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
     )
+    if entry is not None:
+        entry.stamp("submitted")
     if len(segments) > 1:
         logger.info("speech request %s: %d characters in %d segments", first_id, len(request.input), len(segments))
 
@@ -119,7 +124,8 @@ async def prepare_kani_speech(
                     if key is None:
                         continue
                     fresh = audio_state.new_samples(payload[key], streaming)
-                    timing.audio(fresh.numel())
+                    if timing.audio(fresh.numel()) and entry is not None:
+                        entry.stamp("first_audio")
                     if streaming:
                         _set(payload, key, resampler.push(fresh))
                         _set(payload, "sr", torch.tensor(out_rate))
@@ -149,6 +155,6 @@ async def prepare_kani_speech(
         yield last
 
     stream = outputs()
-    if guard is not None:
-        guard.entry.outputs.append(stream)
+    if entry is not None:
+        entry.outputs.append(stream)
     return first_id, stream, tts_params

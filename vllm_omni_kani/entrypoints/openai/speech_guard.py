@@ -10,6 +10,11 @@ For each speech request, before FastAPI reads the body, it
 4. releases the slots when the app returns, which for a streaming response is when the stream has ended or the
    client has gone, and counts the outcome.
 
+A request sent with ``X-Kani-Trace: 1`` also logs, at release, one ``[KaniTTFA]`` line with the
+``time.perf_counter()`` of each point on its way to its first audio (``TRACE_POINTS``). On Linux that clock is
+``CLOCK_MONOTONIC``, shared by every process of the host, so a client on the same host can place its own send and
+first-byte times among them (``benchmarks/ttfa_breakdown.py``).
+
 It sits innermost among the app's middleware (after CORS, API-key auth and vLLM's own), so a request that auth turns
 away never takes a slot. With ``--api-key`` an admitted request remembers a digest of its key, and only that key can
 cancel it (``cancellation.py``). ``patch.install_speech_guard`` installs it from the plugin, in the API-server process.
@@ -57,6 +62,11 @@ BATCH_PATH = "/v1/audio/speech/batch"
 # How long the end of a cancelled stream may wait for a client that does not read; then the connection is dropped.
 END_STREAM_TIMEOUT_S = 5.0
 _ERROR_TYPES = {400: "BadRequestError", 409: "ConflictError", 503: "ServiceUnavailableError"}
+TRACE_HEADER = "x-kani-trace"
+# In order: admitted by this middleware; the speech handler preparing it; its engine request submitted; its first
+# audio out of the engine (``kani_speech``); the first audio bytes handed to the server; the response ended.
+TRACE_POINTS = ("arrived", "handler", "submitted", "first_audio", "first_body", "end")
+TRACE_TAG = "[KaniTTFA]"
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,8 @@ class _Exchange:
         elif kind == "http.response.body":
             if self._replaced:
                 return
+            if message.get("body"):
+                self._entry.stamp("first_body")
             if not message.get("more_body", False):
                 self.complete = True
         await self._send(message)
@@ -228,6 +240,8 @@ class SpeechGuardMiddleware:
             return await _respond(send, admitted.status, body, headers)
 
         entry = admitted
+        if request_headers.get(TRACE_HEADER, "").strip().lower() in ("1", "true", "on", "yes"):
+            entry.trace = {"arrived": entry.admitted_at}
         exchange = _Exchange(send, entry, CancellableReceive(receive, entry))
         token = _CURRENT.set(SpeechContext(self.admission, entry))
         returned = False
@@ -244,10 +258,19 @@ class SpeechGuardMiddleware:
                 metrics.rejected.labels(reason="bad_request").inc()
             metrics.finished.labels(outcome=entry.outcome).inc()
             self.admission.release(entry)
+            _log_trace(entry)
         if returned:
             # After the release: a client that is not reading must not hold the slot (or the cancel) hostage.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(exchange.end_cancelled_stream(), END_STREAM_TIMEOUT_S)
+
+
+def _log_trace(entry: ActiveSpeech) -> None:
+    if entry.trace is None:
+        return
+    entry.stamp("end")
+    points = " ".join(f"{point}={entry.trace[point]:.6f}" for point in TRACE_POINTS if point in entry.trace)
+    logger.info("%s request_id=%s outcome=%s %s", TRACE_TAG, entry.request_id, entry.outcome, points)
 
 
 def install(app: Any) -> SpeechAdmission:
