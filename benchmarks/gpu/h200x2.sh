@@ -23,6 +23,8 @@
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
 #           times the step at every batch size, stock vs ours, sampled (stage0_steps); last on GPU 0, the host cost
 #           of the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
+#   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler (step_time
+#           --torch-profile): stock vLLM LFM2 on GPU 0, ours on GPU 1; tables of kernels by device time
 #   mps     the shipped YAML on GPU 0 under an MPS daemon of that GPU only (Stage 0 and the codec run kernels at
 #           once instead of time-slicing the GPU), the shipped YAML as is on GPU 1: 250 frames at 64 and 256 streams
 source "$(dirname "$0")/lib.sh"
@@ -105,6 +107,16 @@ for phase in "$@"; do
         stage0_steps ) &
       wait; cleanup
       pack steps ;;
+    kernels)
+      checkpoints
+      ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
+        step stock-kernels 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm \
+          --label stock-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stock ) &
+      ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
+        step stage0-kernels 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
+          --label stage0-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stage0 ) &
+      wait; cleanup
+      pack kernels ;;
     mps)
       checkpoints
       if command -v nvidia-cuda-mps-control > /dev/null; then

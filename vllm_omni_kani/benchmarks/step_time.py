@@ -13,12 +13,18 @@ A step is timed as the difference of two runs of the same batch that differ only
 scheduling of new requests and output collection cancel out. ``--codes`` also records greedy frames of fixed
 prompts, which ``--compare`` turns into code agreement between two runs (bf16 vs fp8, or vs a W4A16
 checkpoint of ``tools/quantize_w4a16.py``, whose quantization vLLM reads from its ``config.json``).
+
+``--torch-profile DIR`` then runs ``PROFILE_STEPS`` decode steps of the largest batch, greedy (and sampled with
+``--sampled``), under vLLM's torch profiler in the engine's worker (Stage 0's for ``omni``): its tables of kernels
+and ops by self device time (self CPU time on a CPU) go to ``OUT/LABEL-profile/{greedy,sampled}/``, the traces to DIR.
+What the sampled step adds over the greedy one, and what ours adds over stock, is then read per kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -38,6 +44,10 @@ PROMPT_TEXT_TOKENS = 24  # a short sentence; prefill is excluded from the step t
 SHORT_STEPS, LONG_STEPS = 16, 112
 CODES_PROMPTS, CODES_FRAMES = 32, 64
 SOAK_STEPS = 900  # within the 1,024-token model length with the prompt
+PROFILE_STEPS = 48  # decode steps per profiled run (one prefill among them)
+
+Generate = Callable[[list[list[int]], Any], list[Any]]
+Profile = Callable[[bool], None]  # start (True) or stop (False) the worker's profiler
 
 
 def prompts(batch: int, offset: int = 0) -> list[list[int]]:
@@ -56,9 +66,17 @@ def derived_yaml(base: Path, stage0: dict[str, Any], top: dict[str, Any] | None 
     return tmp
 
 
-def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], Any], list[Any]], Callable[[], None]]:
-    """``(generate(prompts, params) -> outputs in prompt order, close())`` for the chosen engine."""
+def profiler_config(trace_dir: str | None) -> dict[str, Any] | None:
+    """vLLM's torch profiler in the worker, writing to ``trace_dir`` (no Python stacks: they distort host time)."""
+    if not trace_dir:
+        return None
+    return {"profiler": "torch", "torch_profiler_dir": str(trace_dir), "torch_profiler_with_stack": False}
+
+
+def make_engine(args: argparse.Namespace) -> tuple[Generate, Callable[[], None], Profile]:
+    """``(generate(prompts, params) -> outputs in prompt order, close(), profile(start))`` for the chosen engine."""
     max_seqs = max([*args.batches, CODES_PROMPTS])
+    profiling = profiler_config(args.torch_profile)
     if args.engine == "vllm":
         from vllm import LLM
 
@@ -74,12 +92,16 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
             seed=0,
+            **({"profiler_config": profiling} if profiling else {}),
         )
 
         def generate_vllm(ps: list[list[int]], sp: Any) -> list[Any]:
             return llm.generate([{"prompt_token_ids": p} for p in ps], sp, use_tqdm=False)
 
-        return generate_vllm, lambda: None
+        def profile_vllm(start: bool) -> None:
+            llm.start_profile() if start else llm.stop_profile()
+
+        return generate_vllm, lambda: None, profile_vllm
 
     import vllm_omni_kani
 
@@ -93,6 +115,8 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
         stage0["dtype"] = args.dtype
     if args.enforce_eager:
         stage0["enforce_eager"] = True
+    if profiling:
+        stage0["profiler_config"] = profiling
     top: dict[str, Any] = {}
     if args.async_output:
         # vLLM-Omni's deferred output building: the model's switch, plus the served pipeline's conditions for it
@@ -106,7 +130,10 @@ def make_engine(args: argparse.Namespace) -> tuple[Callable[[list[list[int]], An
         outs = omni.generate([{"prompt_token_ids": p} for p in ps], [params])
         return sorted(outs, key=lambda o: int(str(o.request_id).split("_")[0]))
 
-    return generate, omni.close
+    def profile(start: bool) -> None:
+        omni.start_profile(stages=[0]) if start else omni.stop_profile(stages=[0])
+
+    return generate, omni.close, profile
 
 
 def params(steps: int, greedy: bool) -> Any:
@@ -139,6 +166,25 @@ def soak(generate: Callable[..., list[Any]], batch: int, seconds: float, log: An
     while time.perf_counter() < ends:
         generate(prompts(batch), params(SOAK_STEPS, greedy=True))
     log("soak: end", flush=True)
+
+
+def profile_steps(
+    generate: Generate, profile: Profile, batch: int, modes: list[str], trace_dir: Path, dest: Path, log: Any
+) -> None:
+    """``PROFILE_STEPS`` decode steps of ``batch`` streams per mode under the profiler; its tables go to ``dest``."""
+    for mode in modes:
+        ps = prompts(batch)
+        generate(ps, params(SHORT_STEPS, mode == "greedy"))  # this shape's warm-up, outside the window
+        before = {table: table.stat().st_mtime_ns for table in trace_dir.rglob("*.txt")}
+        profile(True)
+        generate(ps, params(PROFILE_STEPS, mode == "greedy"))
+        profile(False)
+        # vLLM's profiler rewrites one table per run, vLLM-Omni's writes a new one: take what is new or rewritten.
+        tables = sorted(t for t in trace_dir.rglob("*.txt") if before.get(t) != t.stat().st_mtime_ns)
+        (dest / mode).mkdir(parents=True, exist_ok=True)
+        for table in tables:
+            shutil.copy(table, dest / mode / table.name)
+        log(f"profile {mode}, batch {batch}: {len(tables)} table(s) -> {dest / mode}", flush=True)
 
 
 def greedy_frames(generate: Callable[..., list[Any]]) -> list[list[list[int]]]:
@@ -206,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="after timing, decode the largest batch for this long (logs 'soak: start' / 'soak: end') for a profiler",
     )
+    parser.add_argument(
+        "--torch-profile",
+        metavar="DIR",
+        default="",
+        help=f"after timing, profile {PROFILE_STEPS} steps of the largest batch (traces in DIR, tables in OUT)",
+    )
     parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="code agreement of two runs")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -217,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), f"-> {path}")
         return 0
     label = args.label or args.engine
-    generate, close = make_engine(args)
+    generate, close, profile = make_engine(args)
     started = time.perf_counter()
     result: dict[str, Any] = {
         "kind": "step",
@@ -235,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
         result["codes"] = greedy_frames(generate)
     if args.soak_seconds > 0:
         soak(generate, max(args.batches), args.soak_seconds, print)
+    if args.torch_profile:
+        dest = out / f"{label}-profile"
+        modes = ["greedy", "sampled"] if args.sampled else ["greedy"]
+        profile_steps(generate, profile, max(args.batches), modes, Path(args.torch_profile), dest, print)
+        result["profile_tables"] = str(dest)
     result["bench_s"] = time.perf_counter() - started
     path = report.write_result(out, label, result)
     print(f"wrote {path}", flush=True)
