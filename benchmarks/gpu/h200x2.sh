@@ -110,12 +110,13 @@ for phase in "$@"; do
     kernels)
       checkpoints
       ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
-        step stock-kernels 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm \
+        step stock-kernels 420 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm \
           --label stock-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stock ) &
       ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
-        step stage0-kernels 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
+        step stage0-kernels 420 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
           --label stage0-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stage0 ) &
       wait; cleanup
+      for t in "$R"/*-kernels-profile/*/*; do echo "== $t"; head -c 2500 "$t"; echo; done
       pack kernels ;;
     mps)
       checkpoints
