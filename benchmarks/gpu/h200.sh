@@ -23,6 +23,8 @@
 #            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
+#   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
+#            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes
 #   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
@@ -115,6 +117,12 @@ for phase in "$@"; do
       step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
       cleanup
       pack stepprofile ;;
+    kernels|stockkernels)
+      checkpoints
+      if [ "$phase" = kernels ]; then kernel_tables stage0-kernels omni "$CK/par" 540
+      else kernel_tables stock-kernels vllm "$CK/flat" 540; fi
+      cleanup
+      pack "$phase" ;;
     mps)
       checkpoints
       if command -v nvidia-cuda-mps-control > /dev/null; then

@@ -109,14 +109,9 @@ for phase in "$@"; do
       pack steps ;;
     kernels)
       checkpoints
-      ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
-        step stock-kernels 420 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm \
-          --label stock-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stock ) &
-      ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1
-        step stage0-kernels 420 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
-          --label stage0-kernels --out "$R" --batches 256 --sampled --torch-profile /tmp/kani-prof/stage0 ) &
+      ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0; kernel_tables stock-kernels vllm "$CK/flat" 420 ) &
+      ( export CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vc1; kernel_tables stage0-kernels omni "$CK/par" 420 ) &
       wait; cleanup
-      for t in "$R"/*-kernels-profile/*/*; do echo "== $t"; head -c 2500 "$t"; echo; done
       pack kernels ;;
     mps)
       checkpoints

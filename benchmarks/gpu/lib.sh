@@ -52,6 +52,7 @@ step() {
   rc=$?
   echo "[$name] rc=$rc in $((SECONDS - start)) s"
   grep -E "^(c=|warm-up|e2e|wrote|\||[a-z0-9]+: streamed SNR)|Error|error:|passed|failed" "$R/$name.log" | tail -n 14
+  [ "$rc" = 0 ] || { echo "[$name] last lines:"; tail -n 12 "$R/$name.log" | cut -c1-300; }
 }
 
 # cleanup: nothing of a phase may hold GPU memory into the next one.
@@ -100,6 +101,15 @@ stage0_steps() {
     --out "$R" --sampled
   step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
     --out "$R" --sampled --codes
+}
+
+# kernel_tables NAME ENGINE CKPT LIMIT_S: the step at batch 256, greedy and sampled, under vLLM's torch profiler
+# (step_time --torch-profile); the top of each kernel table is printed, the tables travel in $R/NAME-profile/.
+kernel_tables() {
+  local name=$1 engine=$2 ckpt=$3 limit=$4
+  step "$name" "$limit" python3 -m vllm_omni_kani.benchmarks.step_time "$ckpt" --engine "$engine" --label "$name" \
+    --out "$R" --batches 256 --sampled --torch-profile "/tmp/kani-prof/$name"
+  for t in "$R/$name-profile"/*/*; do [ -f "$t" ] && { echo "== $t"; head -c 2500 "$t"; echo; }; done
 }
 
 # stage0_async_steps: the Stage-0 step with async scheduling and vLLM-Omni's deferred output building, and its
