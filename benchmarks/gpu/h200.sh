@@ -23,6 +23,8 @@
 #            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
+#   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
+#            stock: where the host time of the sampled step goes (the kernels phase found the GPU idle)
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -117,6 +119,12 @@ for phase in "$@"; do
       step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
       cleanup
       pack stepprofile ;;
+    sampledprofile)
+      checkpoints
+      spy_step stage0-sampled omni "$CK/par" --soak-sampled
+      spy_step stock-sampled vllm "$CK/flat" --soak-sampled
+      cleanup
+      pack sampledprofile ;;
     kernels|stockkernels)
       checkpoints
       if [ "$phase" = kernels ]; then kernel_tables stage0-kernels omni "$CK/par" 540

@@ -164,12 +164,12 @@ def step_times(generate: Callable[..., list[Any]], batches: list[int], greedy: b
     return out
 
 
-def soak(generate: Callable[..., list[Any]], batch: int, seconds: float, log: Any) -> None:
-    """Greedy decode of ``batch`` streams, run after run, for ``seconds``: a steady window for a profiler."""
-    log(f"soak: start, batch {batch}, {seconds:.0f} s", flush=True)
+def soak(generate: Callable[..., list[Any]], batch: int, seconds: float, log: Any, greedy: bool = True) -> None:
+    """Decode ``batch`` streams, run after run, for ``seconds``: a steady window for a profiler."""
+    log(f"soak: start, batch {batch}, {seconds:.0f} s, {'greedy' if greedy else 'sampled'}", flush=True)
     ends = time.perf_counter() + seconds
     while time.perf_counter() < ends:
-        generate(prompts(batch), params(SOAK_STEPS, greedy=True))
+        generate(prompts(batch), params(SOAK_STEPS, greedy=greedy))
     log("soak: end", flush=True)
 
 
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="after timing, decode the largest batch for this long (logs 'soak: start' / 'soak: end') for a profiler",
     )
+    parser.add_argument("--soak-sampled", action="store_true", help="soak with the serving default sampling")
     parser.add_argument(
         "--torch-profile",
         metavar="DIR",
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.codes:
         result["codes"] = greedy_frames(generate)
     if args.soak_seconds > 0:
-        soak(generate, max(args.batches), args.soak_seconds, print)
+        soak(generate, max(args.batches), args.soak_seconds, print, greedy=not args.soak_sampled)
     if args.torch_profile:
         dest = out / f"{label}-profile"
         modes = ["greedy", "sampled"] if args.sampled else ["greedy"]
