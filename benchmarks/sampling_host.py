@@ -3,7 +3,8 @@
     python3 benchmarks/sampling_host.py [--streams 256] [--steps 250] [--device cuda] [--out DIR]
 
 1. Noise for the code heads of seeded requests: one ``exponential_`` per request's generator (how vLLM's
-   ``random_sample`` draws codebook 1, and how the heads drew before) against ``code_sampler.seeded_exponentials``.
+   ``random_sample`` draws codebook 1, and how the heads drew before) against the hash of ``seeded_noise``, as torch
+   ops (``seeded_exponentials``) and, where it can run, as the one Triton kernel the heads use on CUDA.
 2. vLLM's penalties' output-token tensor (``_convert_to_tensors``: pad every request's output list, pin a new host
    tensor, copy it to the device) over a run whose lists grow by one token a step: what a fix would save.
 Milliseconds per step, host wall time with the device synchronised after each step; writes ``sampling-host.json``.
@@ -21,8 +22,13 @@ import torch
 from vllm.v1.sample.ops import penalties
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import seeded_exponentials
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts_lm import NUM_CODE_HEADS
+from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
+    fused_kernel_available,
+    noise_table,
+    scatter_hashed_exponentials,
+    seeded_exponentials,
+)
 
 VOCAB = 68_442  # the parallel-head checkpoints' lm_head
 
@@ -58,6 +64,13 @@ def main() -> None:
     def hashed(_: int) -> None:
         seeded_exponentials(generators, width, device)
 
+    rows = list(range(args.streams))
+
+    def hashed_kernel(_: int) -> None:  # as code_sampler runs it: one host table, one copy, one kernel
+        table = noise_table(rows, generators)
+        table = table.pin_memory() if device.type == "cuda" else table
+        scatter_hashed_exponentials(noise, table.to(device, non_blocking=True))
+
     rng = random.Random(0)
     lists = [[rng.randrange(VOCAB)] for _ in range(args.streams)]
 
@@ -69,11 +82,11 @@ def main() -> None:
     result = {"device": str(device), "streams": args.streams, "steps": args.steps, "ms_per_step": {}}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
-    for name, fn in (
-        ("noise, one draw per generator", per_generator),
-        ("noise, hashed", hashed),
-        ("penalty tokens, vLLM", penalty_tokens),
-    ):
+    chores = [("noise, one draw per generator", per_generator), ("noise, hashed, torch ops", hashed)]
+    if fused_kernel_available(device):
+        chores.append(("noise, hashed, one kernel", hashed_kernel))
+    chores.append(("penalty tokens, vLLM", penalty_tokens))
+    for name, fn in chores:
         result["ms_per_step"][name] = _timed(fn, args.steps, device)
     for name, ms in result["ms_per_step"].items():
         print(f"{name:<32} {ms:8.3f} ms per step")

@@ -8,7 +8,8 @@ import torch
 from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, seeded_exponentials
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_exponentials
 
 HEADS, SIZE = 3, 64
 

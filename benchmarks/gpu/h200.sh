@@ -25,6 +25,8 @@
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
 #            stock: where the host time of the sampled step goes (the kernels phase found the GPU idle)
+#   sampler  the code heads' seeded noise as one Triton kernel: its CUDA tests, its host cost against the torch ops
+#            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled, stock then ours
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -125,6 +127,17 @@ for phase in "$@"; do
       spy_step stock-sampled vllm "$CK/flat" --soak-sampled
       cleanup
       pack sampledprofile ;;
+    sampler)
+      checkpoints
+      step cuda-tests-sampler 150 python3 -m pytest -q -p no:cacheprovider tests/test_seeded_noise.py \
+        tests/test_code_sampler.py
+      step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
+      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+        --out "$R" --batches 64,256 --sampled
+      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+        --out "$R" --batches 64,256 --sampled
+      cleanup
+      pack sampler ;;
     kernels|stockkernels)
       checkpoints
       if [ "$phase" = kernels ]; then kernel_tables stage0-kernels omni "$CK/par" 540

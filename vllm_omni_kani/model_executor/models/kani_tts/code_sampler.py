@@ -9,8 +9,6 @@ on the device and needs no host synchronisation. A seeded request's noise is a h
 
 from __future__ import annotations
 
-import functools
-import zlib
 from typing import Any
 
 import torch
@@ -18,6 +16,13 @@ from vllm.v1.sample.ops.topk_topp_sampler import (
     apply_top_k_top_p,
     empty_exponential_noise_like,
     sample_with_exponential_noise,
+)
+
+from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
+    fused_kernel_available,
+    hashed_exponentials,
+    noise_table,
+    scatter_hashed_exponentials,
 )
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
@@ -54,75 +59,20 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
 def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """``[R, K, C]`` probabilities → ``[R, K]`` samples: argmax of ``p / q`` with ``q ~ Exp(1)`` (no host sync).
 
-    Unseeded rows share one batch draw; all seeded rows get their noise from ``seeded_exponentials`` in one batch of
-    kernels, where drawing from each request's generator would cost one launch per request per step (~20 µs of host
-    time each on a GPU, 9% of a served Stage-0 step at 256 seeded streams).
+    Unseeded rows share one batch draw; all seeded rows get their noise from ``seeded_noise`` in one batch (one
+    kernel on CUDA), where drawing from each request's generator would cost one launch per request per step (~20 µs
+    of host time each on a GPU, 9% of a served Stage-0 step at 256 seeded streams).
     """
     rows, heads, size = probs.shape
     q = empty_exponential_noise_like(probs, use_fp64_gumbel=False)
     if len(generators) != rows:
         q.exponential_()
     if generators:
-        seeded = torch.tensor(list(generators), dtype=torch.long, pin_memory=probs.is_cuda)
-        noise = seeded_exponentials(list(generators.values()), heads * size, probs.device).to(q.dtype)
-        q.view(rows, heads * size).index_copy_(0, seeded.to(probs.device, non_blocking=True), noise)
+        table = noise_table(list(generators), list(generators.values()))
+        table = (table.pin_memory() if probs.is_cuda else table).to(probs.device, non_blocking=True)
+        flat = q.view(rows, heads * size)
+        if q.dtype == torch.float32 and fused_kernel_available(probs.device):
+            scatter_hashed_exponentials(flat, table)
+        else:
+            flat.index_copy_(0, table[:, 0], hashed_exponentials(table[:, 1:], heads * size).to(q.dtype))
     return sample_with_exponential_noise(probs.view(-1, size), q.view(-1, size)).view(rows, heads)
-
-
-# Counter-based noise for seeded requests. Integers hold 32-bit values in int64 and every product stays inside int64
-# (no overflow, so every device computes the same bits); only the low 32 bits of each product are kept.
-_MASK32 = 0xFFFFFFFF
-_SALT = 0x6B43A9B5  # keys this noise apart from any other hash of the same seed and position
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijection of 32-bit integers with full avalanche (C. Wellons' "lowbias32"), elementwise on int64, in place."""
-    x ^= x >> 16
-    x *= 0x7FEB352D
-    x &= _MASK32
-    x ^= x >> 15
-    x *= 0x846CA68B - (1 << 32)  # the same low 32 bits as 0x846CA68B, and |x * it| < 2**63
-    x &= _MASK32
-    x ^= x >> 16
-    return x
-
-
-@functools.cache
-def _mixed_columns(width: int, device: torch.device) -> torch.Tensor:
-    """``_mix32`` of ``0..width-1``: the per-column half of every row's hash, the same every step (read, never
-    written: callers combine it into new tensors)."""
-    return _mix32(torch.arange(width, dtype=torch.long, device=device))
-
-
-def generator_position(generator: torch.Generator) -> int:
-    """Where a request's generator stands; it moves only when vLLM samples codebook 1 from it.
-
-    vLLM draws from a seeded request's generator once per sampled step and rewinds it when it discards a step
-    (CUDA: the Philox offset; CPU: ``patch.restore_discarded_generators_on_cpu`` restores the state), so the
-    position names the step of that request alone. Our heads read it and never advance it.
-    """
-    if generator.device.type == "cuda":
-        return generator.get_offset()
-    return zlib.crc32(generator.get_state().numpy().tobytes())
-
-
-def seeded_exponentials(generators: list[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
-    """``[len(generators), width]`` float32 Exp(1) noise, each row a function of its generator's seed and position.
-
-    The same seed at the same position gives the same row on any batch and any device (integer hashing, then one
-    float conversion); a new position gives fresh noise. Uniforms take the hash's top 24 bits, centred in their
-    bin, so they lie strictly inside (0, 1).
-    """
-    words = []
-    for generator in generators:
-        seed, position = generator.initial_seed(), generator_position(generator)
-        words.append((seed & _MASK32, (seed >> 32) & _MASK32, position & _MASK32, (position >> 32) & _MASK32))
-    key = torch.tensor(words, dtype=torch.long, pin_memory=device.type == "cuda").to(device, non_blocking=True)
-    row = _mix32(key[:, 3] ^ _SALT)
-    for column in (2, 1, 0):
-        row = _mix32(row ^ key[:, column])
-    bits = _mix32(_mixed_columns(width, device).unsqueeze(0) ^ row.unsqueeze(1))
-    bits ^= _mix32(row ^ _SALT).unsqueeze(1)
-    bits = _mix32(bits)
-    bits >>= 8
-    return bits.to(torch.float32).add_(0.5).mul_(1.0 / (1 << 24)).log_().neg_()

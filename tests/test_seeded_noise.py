@@ -1,0 +1,87 @@
+"""The seeded code-head noise has one definition in two forms: the Triton kernel that the GPU runs writes, into each
+seeded request's batch row, the noise of the torch reference (the same hashed bits; the log within float32 rounding)
+and leaves every other row alone. On CPU the kernel runs under Triton's interpreter, in a subprocess because the
+interpreter is chosen when Triton compiles the kernel's module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
+    fused_kernel_available,
+    hashed_exponentials,
+    noise_table,
+    scatter_hashed_exponentials,
+    seed_keys,
+)
+
+WIDTH = 3 * 4032  # three code heads of 4,032 codes: the width the model asks for
+SEEDS = (0, 1, 7, 2**40 + 7, 2**64 - 1)  # both 32-bit words of the seed matter, up to the largest seed
+ROWS = (5, 0, 7, 2, 3)  # their batch rows in a step of 8, out of order
+
+
+def _generators(device: str) -> list[torch.Generator]:
+    generators = [torch.Generator(device=device).manual_seed(seed) for seed in SEEDS]
+    for generator in generators[:2]:  # two of them a step further on, as after vLLM's draw
+        torch.empty(16, device=device).exponential_(generator=generator)
+    return generators
+
+
+def _kernel_against_reference(device: str) -> None:
+    """Raises AssertionError unless the kernel's rows match the reference within float32 rounding of the log."""
+    generators = _generators(device)
+    reference = hashed_exponentials(seed_keys(generators).to(device), WIDTH)
+    out = torch.full((8, WIDTH), -1.0, device=device)
+    scatter_hashed_exponentials(out, noise_table(list(ROWS), generators).to(device))
+    # The uniforms are bit-identical; two log implementations differ by a few units in the last place.
+    ulps = 4 * torch.finfo(torch.float32).eps
+    assert torch.all((out[list(ROWS)] - reference).abs() <= ulps * reference.abs().clamp_min(1.0))
+    others = [row for row in range(8) if row not in ROWS]
+    assert torch.all(out[others] == -1.0)  # rows of unseeded requests keep their own noise
+
+
+def test_the_kernel_writes_the_reference_noise_into_the_seeded_rows_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = (
+        "import torch, tests.test_seeded_noise as t\n"
+        "from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available\n"
+        "assert fused_kernel_available(torch.device('cpu'))\n"
+        "t._kernel_against_reference('cpu')\n"
+        "print('kernel ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "kernel ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_kernel_is_used_only_where_it_can_run():
+    assert fused_kernel_available(torch.device("cpu")) == (os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA device (CPU CI has none)")
+def test_the_compiled_kernel_matches_the_reference_on_cuda():
+    _kernel_against_reference("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA device (CPU CI has none)")
+def test_a_seeded_request_samples_the_same_codes_in_any_batch_on_cuda():
+    from tests.test_code_sampler import metadata
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, 64, device="cuda")
+    meta = metadata(5, {0: 11, 3: 12})
+    meta.temperature = meta.temperature.cuda()
+    meta.generators = {row: torch.Generator(device="cuda").manual_seed(seed) for row, seed in ((0, 11), (3, 12))}
+    first = sample_codes(logits, meta)
+    other = logits.clone()
+    other[[1, 2, 4]] = torch.randn(3, 3, 64, device="cuda")
+    assert torch.equal(sample_codes(other, meta)[[0, 3]], first[[0, 3]])
+    alone = metadata(1, {0: 12})
+    alone.temperature = alone.temperature.cuda()
+    alone.generators = {0: torch.Generator(device="cuda").manual_seed(12)}
+    assert torch.equal(sample_codes(logits[3:4], alone)[0], first[3])

@@ -1,0 +1,162 @@
+"""Exp(1) noise for seeded requests' code heads: a counter-based hash of each request's seed and generator position.
+
+The same seed at the same position gives the same noise row in any batch, and a new position gives fresh noise, so
+a seeded request's codes do not depend on which other requests share its step. The hash is integer arithmetic: every
+device computes the same bits, then one float conversion and a log. Two forms of one function:
+
+- ``hashed_exponentials``: torch ops, on any device; the reference and the CPU path.
+- ``scatter_hashed_exponentials``: one Triton kernel on CUDA that also writes each row into its batch row. The torch
+  form launches ~50 elementwise kernels a step, a millisecond of host time at 256 seeded streams (py-spy of the
+  sampled step at batch 256, docs/BENCHMARKS.md "Tenth set").
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+
+import numpy as np
+import torch
+
+try:  # Triton itself, not vllm.triton_utils: the interpreter (TRITON_INTERPRET=1) lets the CPU tests run the kernel
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - every supported install has Triton
+    triton = None
+
+# Integers hold 32-bit values in int64 and every product stays inside int64 (no overflow, so every device computes
+# the same bits); only the low 32 bits of each product are kept.
+MASK32 = 0xFFFFFFFF
+SALT = 0x6B43A9B5  # keys this noise apart from any other hash of the same seed and position
+_MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
+_UNIFORM_BITS = 24  # a float32 holds 24-bit integers exactly: uniforms are (top 24 bits + 0.5) / 2**24, in (0, 1)
+_BLOCK = 1024  # columns per Triton program
+
+
+def generator_position(generator: torch.Generator) -> int:
+    """Where a request's generator stands; it moves only when vLLM samples codebook 1 from it.
+
+    vLLM draws from a seeded request's generator once per sampled step and rewinds it when it discards a step
+    (CUDA: the Philox offset; CPU: ``patch.restore_discarded_generators_on_cpu`` restores the state), so the
+    position names the step of that request alone. The heads read it and never advance it.
+    """
+    if generator.device.type == "cuda":
+        return generator.get_offset()
+    return zlib.crc32(generator.get_state().numpy().tobytes())
+
+
+def _key_words(generators: list[torch.Generator]) -> np.ndarray:
+    """``[N, 4]`` int64: each generator's (seed low, seed high, position low, position high) 32-bit words."""
+    pairs = np.array([(g.initial_seed(), generator_position(g)) for g in generators], dtype=np.uint64).reshape(-1, 2)
+    words = np.stack([pairs & MASK32, pairs >> np.uint64(32)], axis=-1)  # [N, (seed, position), (low, high)]
+    return words.reshape(-1, 4).astype(np.int64)
+
+
+def seed_keys(generators: list[torch.Generator]) -> torch.Tensor:
+    """``[N, 4]`` int64 host tensor of the generators' seed keys, ``hashed_exponentials``' input."""
+    return torch.from_numpy(_key_words(generators))
+
+
+def noise_table(rows: list[int], generators: list[torch.Generator]) -> torch.Tensor:
+    """``[N, 5]`` int64 host tensor: each seeded request's batch row, then its seed key (one copy to the device)."""
+    return torch.from_numpy(np.column_stack([np.asarray(rows, dtype=np.int64), _key_words(generators)]))
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijection of 32-bit integers with full avalanche ("lowbias32"), elementwise on int64, in place."""
+    x ^= x >> 16
+    x *= _MUL1
+    x &= MASK32
+    x ^= x >> 15
+    x *= _MUL2 - (1 << 32)  # the same low 32 bits as _MUL2, and |x * it| < 2**63
+    x &= MASK32
+    x ^= x >> 16
+    return x
+
+
+@functools.cache
+def _mixed_columns(width: int, device: torch.device) -> torch.Tensor:
+    """``_mix32`` of ``0..width-1``: the per-column half of every row's hash, the same every step (read, never
+    written: callers combine it into new tensors)."""
+    return _mix32(torch.arange(width, dtype=torch.long, device=device))
+
+
+def hashed_exponentials(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """``[N, 4]`` seed keys (``seed_keys``, on the target device) → ``[N, width]`` float32 Exp(1) noise."""
+    row = _mix32(keys[:, 3] ^ SALT)
+    for column in (2, 1, 0):
+        row = _mix32(row ^ keys[:, column])
+    bits = _mix32(_mixed_columns(width, keys.device).unsqueeze(0) ^ row.unsqueeze(1))
+    bits ^= _mix32(row ^ SALT).unsqueeze(1)
+    bits = _mix32(bits)
+    bits >>= 32 - _UNIFORM_BITS
+    return bits.to(torch.float32).add_(0.5).mul_(1.0 / (1 << _UNIFORM_BITS)).log_().neg_()
+
+
+def seeded_exponentials(generators: list[torch.Generator], width: int, device: torch.device) -> torch.Tensor:
+    """``[len(generators), width]`` float32 Exp(1) noise, each row a function of its generator's seed and position
+    (torch ops)."""
+    keys = seed_keys(generators)
+    if device.type == "cuda":
+        keys = keys.pin_memory()
+    return hashed_exponentials(keys.to(device, non_blocking=True), width)
+
+
+def fused_kernel_available(device: torch.device) -> bool:
+    """Whether ``scatter_hashed_exponentials`` can run on ``device`` (CUDA with Triton, or Triton's interpreter)."""
+    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def scatter_hashed_exponentials(out: torch.Tensor, table: torch.Tensor) -> None:
+    """``out[table[i, 0]] = hashed_exponentials(table[:, 1:])[i]`` in one kernel; ``out`` is ``[R, width]`` float32
+    and contiguous, ``table`` a ``noise_table`` on ``out``'s device."""
+    count, width = table.shape[0], out.shape[1]
+    if count == 0:
+        return
+    grid = (count, triton.cdiv(width, _BLOCK))
+    _hashed_exponentials_kernel[grid](
+        table.contiguous(), out, width, SALT=SALT, BITS=_UNIFORM_BITS, BLOCK=_BLOCK, LIBDEVICE_LOG=out.is_cuda
+    )
+
+
+if triton is not None:
+    # A jitted function reads globals only as constexprs.
+    _MUL1_C, _MUL2_C = tl.constexpr(_MUL1), tl.constexpr(_MUL2)
+
+    @triton.jit
+    def _mix32_u32(x):
+        # uint32 arithmetic wraps: the low 32 bits of the int64 form's products.
+        x ^= x >> 16
+        x *= _MUL1_C
+        x ^= x >> 15
+        x *= _MUL2_C
+        x ^= x >> 16
+        return x
+
+    @triton.jit
+    def _hashed_exponentials_kernel(
+        table_ptr,
+        out_ptr,
+        width,
+        SALT: tl.constexpr,
+        BITS: tl.constexpr,
+        BLOCK: tl.constexpr,
+        LIBDEVICE_LOG: tl.constexpr,
+    ):
+        entry = table_ptr + tl.program_id(0) * 5  # batch row, then the four key words
+        key = entry + 1
+        row = _mix32_u32(tl.load(key + 3).to(tl.uint32) ^ SALT)
+        row = _mix32_u32(row ^ tl.load(key + 2).to(tl.uint32))
+        row = _mix32_u32(row ^ tl.load(key + 1).to(tl.uint32))
+        row = _mix32_u32(row ^ tl.load(key).to(tl.uint32))
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        bits = _mix32_u32(_mix32_u32(cols.to(tl.uint32)) ^ row)
+        bits ^= _mix32_u32(row ^ SALT)
+        bits = _mix32_u32(bits) >> (32 - BITS)
+        uniform = (bits.to(tl.float32) + 0.5) * (1.0 / (1 << BITS))
+        # libdevice's logf is the one torch's CUDA log calls; the interpreter has only tl.log.
+        noise = -(libdevice.log(uniform) if LIBDEVICE_LOG else tl.log(uniform))
+        dest = out_ptr + tl.load(entry).to(tl.int64) * width
+        tl.store(dest + cols, noise, mask=cols < width)
