@@ -25,8 +25,9 @@
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
 #            stock: where the host time of the sampled step goes (the kernels phase found the GPU idle)
-#   sampler  the code heads' seeded noise as one Triton kernel: its CUDA tests, its host cost against the torch ops
-#            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled, stock then ours
+#   sampler  the code heads' seeded noise as one Triton kernel: its host cost against the torch ops
+#            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled, ours then stock
+#   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -53,8 +54,8 @@ for phase in "$@"; do
       step codec-streaming 420 python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 \
         --chunks 16 64 --precisions $PRECISIONS --out "$R"
       step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py \
-        -k "graph or fused or kernel or one_copy"
+        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py tests/test_seeded_noise.py \
+        -k "graph or fused or kernel or one_copy or cuda"
       pack codec ;;
     shipped)
       checkpoints
@@ -129,15 +130,19 @@ for phase in "$@"; do
       pack sampledprofile ;;
     sampler)
       checkpoints
-      step cuda-tests-sampler 150 python3 -m pytest -q -p no:cacheprovider tests/test_seeded_noise.py \
-        tests/test_code_sampler.py
       step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
-      step stock 200 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
+      step stage0 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
         --out "$R" --batches 64,256 --sampled
-      step stage0 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
+      step stock 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
         --out "$R" --batches 64,256 --sampled
       cleanup
       pack sampler ;;
+    served)
+      checkpoints
+      serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      cleanup
+      frames_check shipped
+      pack served ;;
     kernels|stockkernels)
       checkpoints
       if [ "$phase" = kernels ]; then kernel_tables stage0-kernels omni "$CK/par" 540
