@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -108,3 +110,10 @@ SERVER_MODULE_ORDER = (
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i + 1 for i, name in enumerate(SERVER_MODULE_ORDER)}
     items.sort(key=lambda item: rank.get(item.path.name, 0))  # stable: file order is kept within a rank
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out

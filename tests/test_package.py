@@ -1,18 +1,9 @@
 """The package installs, imports cheaply and is discovered by vLLM's plugin loader."""
 
 import re
-import subprocess
-import sys
 from importlib.metadata import entry_points
 
-from tests.conftest import REPO_ROOT
-
-
-def run_python(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
+from tests.conftest import run_python
 
 
 def test_import_is_light():

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -165,8 +166,13 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     for i in range(3):
         raw_pcm(server, input=f"{TEXT} Take {i}.", temperature=0.0)  # streamed: the kind vLLM-Omni coerces to DELTA
     log = tmp_path / "server.log"
-    log.write_text(server.log_text()[before:])
-    stats = audio_vs_frames.requests(log)
+    deadline = time.monotonic() + 10.0  # the tables are logged off the event loop, just after each answer
+    while True:
+        log.write_text(server.log_text()[before:])
+        stats = audio_vs_frames.requests(log)
+        if len(stats) >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(stats) == 3, log.read_text()[-3000:]
     for request_id, fields in stats.items():
         assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)

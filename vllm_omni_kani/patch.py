@@ -533,6 +533,72 @@ def vectorise_request_token_spans() -> bool | None:
     OmniGPUModelRunner._compute_request_token_spans = _compute_request_token_spans
 
 
+@_patch(_serving_speech_loaded)
+def encode_pcm_with_numpy() -> bool | None:
+    """vllm-omni 0.26.0: ``AudioMixin.create_audio`` writes every PCM chunk and WAV answer through ``soundfile``.
+
+    At 256 streams that encoding was 22% of the API server's main thread (docs/BENCHMARKS.md, eighth set): each
+    streamed chunk pays libsndfile's setup on a ``BytesIO``. ``pcm16`` computes the same bytes with numpy in a sixth
+    of the time. Only float mono or ``[T, C]`` audio at speed 1.0 as ``pcm`` or ``wav`` takes the numpy path;
+    everything else (other formats, speed changes, integer arrays) goes to vLLM-Omni's own method. Not applied, and
+    logged, if the installed libsndfile writes other bytes than ``pcm16`` on its probe.
+    """
+    import base64
+
+    import numpy as np
+    from vllm_omni.entrypoints.openai import audio_utils_mixin
+    from vllm_omni.entrypoints.openai.protocol.audio import AudioResponse
+
+    from vllm_omni_kani.entrypoints.openai import pcm16
+
+    if not pcm16.matches_soundfile():
+        logger.warning("libsndfile's 16-bit PCM differs from pcm16's on the probe: PCM stays with soundfile")
+        return False
+    create_audio = audio_utils_mixin.AudioMixin.create_audio
+
+    @functools.wraps(create_audio)
+    def create_audio_with_numpy(self: Any, audio_obj: Any) -> Any:
+        audio, fmt = audio_obj.audio_tensor, audio_obj.response_format.lower()
+        if (
+            fmt not in ("pcm", "wav")
+            or audio_obj.speed != 1.0
+            or not isinstance(audio, np.ndarray)
+            or audio.dtype.type not in pcm16.FLOAT_TYPES
+            or not (audio.ndim == 1 or (audio.ndim == 2 and audio.shape[0] != 2))  # [2, T] is transposed upstream
+        ):
+            return create_audio(self, audio_obj)
+        data = pcm16.pcm16_bytes(audio) if fmt == "pcm" else pcm16.wav_bytes(audio, audio_obj.sample_rate)
+        if audio_obj.base64_encode:
+            data = base64.b64encode(data).decode("utf-8")
+        return AudioResponse(audio_data=data, media_type=f"audio/{fmt}")
+
+    audio_utils_mixin.AudioMixin.create_audio = create_audio_with_numpy
+
+
+@_patch(_api_server_loaded)
+def log_request_summaries_off_the_event_loop() -> bool | None:
+    """vllm-omni 0.26.0: ``OmniBase._log_summary_and_cleanup`` builds each finished request's stats tables
+    (``OrchestratorAggregator.build_and_log_summary``) on the API server's event loop, ~0.6 ms a request.
+
+    Its only caller discards the returned dict, so the build is handed to ``summary_logging.SUMMARIES`` (one thread,
+    finishing order, drained at exit) and ``{}`` returned at once; the log lines are unchanged. Only in the API server
+    process: offline ``Omni`` keeps its summaries inline, next to its other output.
+    """
+    from vllm_omni.metrics.stats import OrchestratorAggregator
+
+    from vllm_omni_kani.entrypoints.summary_logging import SUMMARIES
+
+    build = OrchestratorAggregator.build_and_log_summary
+
+    @functools.wraps(build)
+    def build_and_log_summary(self: Any) -> dict[str, Any]:
+        if self.log_stats:
+            SUMMARIES.submit(functools.partial(build, self))
+        return {}
+
+    OrchestratorAggregator.build_and_log_summary = build_and_log_summary
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [
@@ -545,6 +611,8 @@ def apply_all() -> list[str]:
             omni_request_output_ec_transfer_params,
             route_speech_to_kani_adapter,
             install_speech_guard,
+            encode_pcm_with_numpy,
+            log_request_summaries_off_the_event_loop,
             unlink_shm_chunks_of_aborted_requests,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,

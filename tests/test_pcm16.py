@@ -1,0 +1,55 @@
+"""Speech answers are encoded to 16-bit PCM with numpy instead of soundfile: the same bytes as the installed
+libsndfile for raw PCM and WAV, at the edges (full scale, clipping, NaN, infinities) and on random audio, and the API
+server's ``create_audio`` gives the same answers as vLLM-Omni's own for every format, speed and encoding."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.conftest import run_python
+from vllm_omni_kani.entrypoints.openai import pcm16
+
+
+def test_the_numpy_encoding_writes_libsndfile_s_bytes():
+    assert pcm16.matches_soundfile(seed=0)
+    assert pcm16.matches_soundfile(seed=1)
+
+
+def test_full_scale_clipping_and_nan_land_where_libsndfile_puts_them():
+    x = np.array([1.0, -1.0, 1.5, -1.5, np.nan, np.inf, -np.inf, 0.5, -1e-5, 0.0], dtype=np.float32)
+    assert pcm16.pcm16(x).tolist() == [32767, -32768, 32767, -32768, -32768, 32767, -32768, 16384, -1, 0]
+
+
+def test_the_server_s_create_audio_answers_as_vllm_omni_s_own():
+    """In a process that loaded the speech server (the patch's guard), before and after the patch: pcm and wav,
+    mono and [T, C] and [2, T], base64 or not, float32 and float64, take the numpy path or vLLM-Omni's; other
+    formats and speeds pass through unchanged."""
+    code = (
+        "import numpy as np\n"
+        "import vllm_omni.entrypoints.openai.serving_speech\n"
+        "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
+        "from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio\n"
+        "from vllm_omni_kani import patch\n"
+        "rng = np.random.default_rng(0)\n"
+        "mono = rng.uniform(-1.1, 1.1, 4410).astype(np.float32)\n"
+        "audios = [mono, mono.astype(np.float64), mono.reshape(-1, 2), mono.reshape(2, -1), mono[:0]]\n"
+        "cases = [(a, f, s, b) for a in audios for f in ('pcm', 'wav', 'PCM', 'flac') for s in (1.0, 1.25)\n"
+        "         for b in (False, True) if not (s != 1.0 and a.size == 0) and not (f == 'flac' and a.size == 0)]\n"
+        "def answers():\n"
+        "    out = []\n"
+        "    for audio, fmt, speed, b64 in cases:\n"
+        "        r = AudioMixin().create_audio(CreateAudio(audio_tensor=audio, sample_rate=22050,\n"
+        "            response_format=fmt, speed=speed, base64_encode=b64))\n"
+        "        out.append((r.audio_data, r.media_type))\n"
+        "    return out\n"
+        "before, own = answers(), AudioMixin.create_audio\n"
+        "assert patch.encode_pcm_with_numpy()\n"
+        "assert AudioMixin.create_audio is not own and AudioMixin.create_audio.__wrapped__ is own\n"
+        "after = answers()\n"
+        "assert len(before) == len(after) > 40\n"
+        "for case, b, a in zip(cases, before, after):\n"
+        "    assert a == b, (case[0].shape, case[0].dtype, case[1:])\n"
+        "print('answers', len(after))\n"
+    )
+    out = run_python(code)
+    assert "answers" in out.stdout
