@@ -26,7 +26,8 @@
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
 #            stock: where the host time of the sampled step goes (the kernels phase found the GPU idle)
 #   sampler  the code heads' seeded noise as one Triton kernel: its host cost against the torch ops
-#            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled, ours then stock
+#            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled; stockstep: the same
+#            step of stock vLLM LFM2 (the next call: one engine start each is ~90 s on this machine)
 #   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
@@ -133,10 +134,14 @@ for phase in "$@"; do
       step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
       step stage0 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
         --out "$R" --batches 64,256 --sampled
+      cleanup
+      pack sampler ;;
+    stockstep)
+      checkpoints
       step stock 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
         --out "$R" --batches 64,256 --sampled
       cleanup
-      pack sampler ;;
+      pack stockstep ;;
     served)
       checkpoints
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
