@@ -112,8 +112,11 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items.sort(key=lambda item: rank.get(item.path.name, 0))  # stable: file order is kept within a rank
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0; ``env`` is added
+    to this process's environment."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, **(env or {})}
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out

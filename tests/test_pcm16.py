@@ -53,3 +53,16 @@ def test_the_server_s_create_audio_answers_as_vllm_omni_s_own():
     )
     out = run_python(code)
     assert "answers" in out.stdout
+
+
+def test_a_patch_listed_in_kani_disable_patches_is_left_unapplied():
+    code = (
+        "import vllm_omni.entrypoints.openai.serving_speech\n"
+        "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
+        "own = AudioMixin.create_audio\n"
+        "from vllm_omni_kani import patch\n"
+        "assert not patch.encode_pcm_with_numpy() and AudioMixin.create_audio is own\n"
+        "print('left alone')\n"
+    )
+    env = {"KANI_DISABLE_PATCHES": "some_other_patch, encode_pcm_with_numpy"}
+    assert "left alone" in run_python(code, env=env).stdout

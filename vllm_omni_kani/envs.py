@@ -12,3 +12,12 @@ KANI_TRACE_CHUNKS = "KANI_TRACE_CHUNKS"
 def trace_chunks() -> bool:
     """Whether ``KANI_TRACE_CHUNKS`` is on (read when a stage process loads its model or producer)."""
     return os.environ.get(KANI_TRACE_CHUNKS, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+KANI_DISABLE_PATCHES = "KANI_DISABLE_PATCHES"
+
+
+def disabled_patches() -> set[str]:
+    """Names of ``patch`` functions listed in ``KANI_DISABLE_PATCHES`` (comma-separated): left unapplied, to measure
+    or bypass one workaround without editing the plugin."""
+    return {name.strip() for name in os.environ.get(KANI_DISABLE_PATCHES, "").split(",") if name.strip()}

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from vllm_omni_kani.envs import disabled_patches
+
 logger = logging.getLogger(__name__)
 
 _applied: set[str] = set()
@@ -52,8 +54,8 @@ def _api_server_loaded() -> bool:
 def _patch(guard: Callable[[], bool]) -> Callable[[Callable[[], bool | None]], Callable[[], bool]]:
     """Make a patch idempotent and guarded: it runs once, and only where ``guard()`` holds.
 
-    The patch body returns False when it finds nothing to change (already fixed upstream); the wrapped function
-    returns whether the patch is active.
+    A patch named in ``KANI_DISABLE_PATCHES`` is not applied. The patch body returns False when it finds nothing to
+    change (already fixed upstream); the wrapped function returns whether the patch is active.
     """
 
     def wrap(body: Callable[[], bool | None]) -> Callable[[], bool]:
@@ -63,7 +65,7 @@ def _patch(guard: Callable[[], bool]) -> Callable[[Callable[[], bool | None]], C
         def apply() -> bool:
             if name in _applied:
                 return True
-            if not guard() or body() is False:
+            if name in disabled_patches() or not guard() or body() is False:
                 return False
             _applied.add(name)
             logger.debug("applied %s (vllm %s, vllm-omni %s)", name, _vllm_version(), _vllm_omni_version())

@@ -28,7 +28,8 @@
 #   sampler  the code heads' seeded noise as one Triton kernel: its host cost against the torch ops
 #            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled; stockstep: the same
 #            step of stock vLLM LFM2 (the next call: one engine start each is ~90 s on this machine)
-#   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames
+#   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames;
+#            servedoff: the same with the API server's patches off (KANI_DISABLE_PATCHES), to measure them
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -148,6 +149,14 @@ for phase in "$@"; do
       cleanup
       frames_check shipped
       pack served ;;
+    servedoff)
+      # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
+      checkpoints
+      export KANI_DISABLE_PATCHES=encode_pcm_with_numpy,log_request_summaries_off_the_event_loop
+      serve_sweeps 0 shipped-unpatched "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      unset KANI_DISABLE_PATCHES
+      cleanup
+      pack servedoff ;;
     kernels|stockkernels)
       checkpoints
       if [ "$phase" = kernels ]; then kernel_tables stage0-kernels omni "$CK/par" 540
