@@ -4,11 +4,12 @@ draws follow the tempered softmax."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_exponentials
 
 HEADS, SIZE = 3, 64
@@ -115,3 +116,33 @@ def test_unseeded_codes_follow_the_tempered_softmax_of_each_head():
         expected = (head_logits[head] / temperature).softmax(dim=-1)
         # 6,000 draws: a frequency's standard error is at most 0.0065; allow five of them.
         assert (freq - expected).abs().max() < 5 * 0.0065
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="Triton compiles kernels only for a CUDA device (CPU CI has none)"
+)
+def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
+    """Every filter set, seeded or not, at batch sizes on both sides of Triton's row-count specialisations: the
+    kernels the step launches were all compiled by ``warm_up_kernels``."""
+    from vllm.v1.sample.ops.topk_topp_triton import _topk_topp_kernel
+
+    from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import _hashed_exponentials_kernel
+
+    def compiled() -> int:
+        kernels = (_topk_topp_kernel, _hashed_exponentials_kernel)
+        return sum(len(cache[0]) for kernel in kernels for cache in kernel.device_caches.values())
+
+    size, device = 4032, torch.device("cuda")
+    warm_up_kernels(3, size, device)
+    before = compiled()
+    assert before >= 7  # three filter sets at two row-count classes, and the noise
+    for rows in (5, 11, 32, 256):
+        for top_k, top_p in ((None, 0.9), (50, None), (50, 0.9)):
+            meta = metadata(rows, {0: 7})
+            meta.temperature = meta.temperature.to(device)
+            meta.generators = {0: torch.Generator(device=device).manual_seed(7)}
+            meta.top_k = None if top_k is None else torch.full((rows,), top_k, dtype=torch.int32, device=device)
+            meta.top_p = None if top_p is None else torch.full((rows,), top_p, device=device)
+            codes = sample_codes(torch.randn(rows, 3, size, device=device), meta)
+            assert codes.shape == (rows, 3)
+    assert compiled() == before

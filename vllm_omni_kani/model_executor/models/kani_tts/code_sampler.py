@@ -27,6 +27,9 @@ from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_EPS = 1e-5
+# Request counts for the warm-up whose head rows (three per request) fall in both of Triton's integer
+# specialisations of the row count, not a multiple of 16 and a multiple of 16 (its top-k/top-p kernel runs from 8 rows).
+WARM_UP_REQUESTS = (3, 16)
 
 
 def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.Tensor:
@@ -76,3 +79,25 @@ def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator
         else:
             flat.index_copy_(0, table[:, 0], hashed_exponentials(table[:, 1:], heads * size).to(q.dtype))
     return sample_with_exponential_noise(probs.view(-1, size), q.view(-1, size)).view(rows, heads)
+
+
+def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
+    """Compile the sampled path's Triton kernels now, at model load, not in the first sampled step.
+
+    A compile in a step stalls every stream for seconds on a fresh machine (py-spy of the first sampled steps at
+    batch 256, docs/BENCHMARKS.md "Tenth set"); Triton then keeps the kernels on disk. vLLM's own sampler warm-up
+    covers its vocabulary only, and with top-k and top-p both on. Covered here: vLLM's top-k/top-p kernel at the
+    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel.
+    """
+    if device.type != "cuda":
+        return
+    for requests in WARM_UP_REQUESTS:
+        rows = requests * heads
+        logits = torch.zeros(rows, size, device=device)
+        top_k = torch.full((rows,), size - 1, dtype=torch.int32, device=device)
+        top_p = torch.full((rows,), 0.9, device=device)
+        for k, p in ((None, top_p), (top_k, None), (top_k, top_p)):
+            apply_top_k_top_p(logits.clone(), k, p)
+    if fused_kernel_available(device):
+        table = noise_table([0], [torch.Generator(device=device).manual_seed(0)])
+        scatter_hashed_exponentials(torch.empty(1, heads * size, device=device), table.to(device))

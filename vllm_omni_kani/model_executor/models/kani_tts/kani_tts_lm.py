@@ -36,7 +36,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
@@ -224,6 +224,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
                 f"needs {', '.join(CODE_HEAD_NAMES)} ([{tl.CODEBOOK_SIZE}, {hidden}] each). A flattened Kani-TTS "
                 f"checkpoint should declare architectures=['Lfm2ForCausalLM'] instead."
             )
+        warm_up_kernels(NUM_CODE_HEADS, tl.CODEBOOK_SIZE, head_weight.device)
         return loaded | {"code_heads.weight"}
 
 
