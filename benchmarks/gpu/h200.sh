@@ -130,19 +130,14 @@ for phase in "$@"; do
       spy_step stock-sampled vllm "$CK/flat" --soak-sampled
       cleanup
       pack sampledprofile ;;
-    sampler)
+    sampler|stockstep)
       checkpoints
-      step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
-      step stage0 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label stage0 \
-        --out "$R" --batches 64,256 --sampled
+      if [ "$phase" = sampler ]; then
+        step sampling-host 120 python3 benchmarks/sampling_host.py --device cuda --out "$R"
+        sampled_steps stage0 omni "$CK/par"
+      else sampled_steps stock vllm "$CK/flat"; fi
       cleanup
-      pack sampler ;;
-    stockstep)
-      checkpoints
-      step stock 280 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/flat" --engine vllm --label stock \
-        --out "$R" --batches 64,256 --sampled
-      cleanup
-      pack stockstep ;;
+      pack "$phase" ;;
     served)
       checkpoints
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256

@@ -103,6 +103,13 @@ stage0_steps() {
     --out "$R" --sampled --codes
 }
 
+# sampled_steps LABEL ENGINE CKPT: the step at batches 64 and 256, greedy then sampled (an engine start is ~90 s on
+# the one-GPU machine, hence one engine per call).
+sampled_steps() {
+  step "$1" 280 python3 -m vllm_omni_kani.benchmarks.step_time "$3" --engine "$2" --label "$1" --out "$R" \
+    --batches 64,256 --sampled
+}
+
 # kernel_tables NAME ENGINE CKPT LIMIT_S: the step at batch 256, greedy and sampled, under vLLM's torch profiler
 # (step_time --torch-profile); the top of each kernel table is printed, the tables travel in $R/NAME-profile/.
 kernel_tables() {
