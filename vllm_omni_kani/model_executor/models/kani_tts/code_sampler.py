@@ -39,14 +39,14 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
     (dummy and profiling runs), which means greedy.
     """
     rows, heads, size = logits.shape
-    greedy = logits.argmax(dim=-1)
     if sampling_metadata is None or sampling_metadata.all_greedy:
-        return greedy
+        return logits.argmax(dim=-1)
 
-    flat = logits.reshape(rows * heads, size).float()
     temp = sampling_metadata.temperature
-    temp = torch.where(temp < GREEDY_EPS, torch.ones_like(temp), temp)
-    flat = flat / temp.repeat_interleave(heads).unsqueeze(1)
+    if not sampling_metadata.all_random:  # greedy rows are tempered by 1; their sample is replaced below
+        temp = torch.where(temp < GREEDY_EPS, torch.ones_like(temp), temp)
+    # One kernel: the heads' logits promoted to float32 and divided by their request's temperature.
+    flat = torch.div(logits, temp.float().view(rows, 1, 1)).view(rows * heads, size)
     top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
     flat = apply_top_k_top_p(
         flat,
@@ -56,7 +56,8 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
     sampled = _exponential_race(flat.softmax(dim=-1).view(rows, heads, size), sampling_metadata.generators)
     if sampling_metadata.all_random:
         return sampled
-    return torch.where((sampling_metadata.temperature < GREEDY_EPS).unsqueeze(1), greedy, sampled)
+    greedy_rows = (sampling_metadata.temperature < GREEDY_EPS).unsqueeze(1)
+    return torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
 
 
 def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
