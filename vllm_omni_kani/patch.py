@@ -243,7 +243,7 @@ def restore_discarded_generators_on_cpu() -> bool | None:
     together (measured: eight concurrent seeded 400-character inputs under ``max_num_batched_tokens: 512``).
 
     Instead, each seeded request's generator state is kept as of the end of its last step, and a discarded row gets
-    that state back, and with it the position that seeds the code heads' noise (``code_sampler.generator_position``).
+    that state back, and with it the position that seeds the code heads' noise (``seeded_noise.generator_position``).
     Not reported upstream yet.
 
     Returns whether the patch is active.
