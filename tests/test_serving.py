@@ -179,6 +179,14 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
         assert int(fields["num_tokens_out"][0]) > 0
 
 
+def test_the_api_server_runs_its_event_loop_patches(server):
+    """The served process applied both API-server patches (``patch.encode_pcm_with_numpy``,
+    ``patch.log_request_summaries_off_the_event_loop``): the other tests here then stream through them."""
+    log = server.log_text()
+    assert "PCM and WAV encoded with numpy" in log
+    assert "request summaries: built and logged on a background thread" in log
+
+
 @pytest.mark.parametrize("fmt", ["flac", "mp3", "opus", "pcm"])
 def test_formats_decode(server, fmt):
     r = speech(server, input=TEXT, response_format=fmt, seed=3)

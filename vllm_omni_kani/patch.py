@@ -575,6 +575,7 @@ def encode_pcm_with_numpy() -> bool | None:
         return AudioResponse(audio_data=data, media_type=f"audio/{fmt}")
 
     audio_utils_mixin.AudioMixin.create_audio = create_audio_with_numpy
+    logger.info("speech answers: PCM and WAV encoded with numpy (libsndfile's bytes, checked on a probe)")
 
 
 @_patch(_api_server_loaded)
@@ -599,6 +600,7 @@ def log_request_summaries_off_the_event_loop() -> bool | None:
         return {}
 
     OrchestratorAggregator.build_and_log_summary = build_and_log_summary
+    logger.info("request summaries: built and logged on a background thread, off the event loop")
 
 
 def apply_all() -> list[str]:
