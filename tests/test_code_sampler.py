@@ -15,15 +15,16 @@ from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_ex
 HEADS, SIZE = 3, 64
 
 
-def metadata(rows: int, seeds: dict[int, int], temperature: float = 0.8) -> SamplingMetadata:
-    """vLLM's own sampling metadata for ``rows`` random-sampled requests, ``seeds`` = {row: seed}."""
+def metadata(rows: int, seeds: dict[int, int], temperature: float = 0.8, device: str = "cpu") -> SamplingMetadata:
+    """vLLM's own sampling metadata for ``rows`` random-sampled requests, ``seeds`` = {row: seed}, with the
+    temperatures and generators on ``device``, as vLLM keeps them."""
     return SamplingMetadata(
-        temperature=torch.full((rows,), temperature),
+        temperature=torch.full((rows,), temperature, device=device),
         all_greedy=False,
         all_random=True,
         top_p=None,
         top_k=None,
-        generators={row: torch.Generator().manual_seed(seed) for row, seed in seeds.items()},
+        generators={row: torch.Generator(device=device).manual_seed(seed) for row, seed in seeds.items()},
         max_num_logprobs=None,
         no_penalties=True,
         prompt_token_ids=None,
@@ -138,9 +139,7 @@ def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
     assert before >= 7  # three filter sets at two row-count classes, and the noise
     for rows in (5, 11, 32, 256):
         for top_k, top_p in ((None, 0.9), (50, None), (50, 0.9)):
-            meta = metadata(rows, {0: 7})
-            meta.temperature = meta.temperature.to(device)
-            meta.generators = {0: torch.Generator(device=device).manual_seed(7)}
+            meta = metadata(rows, {0: 7}, device="cuda")
             meta.top_k = None if top_k is None else torch.full((rows,), top_k, dtype=torch.int32, device=device)
             meta.top_p = None if top_p is None else torch.full((rows,), top_p, device=device)
             codes = sample_codes(torch.randn(rows, 3, size, device=device), meta)

@@ -71,14 +71,9 @@ def test_a_seeded_request_samples_the_same_codes_in_any_batch_on_cuda():
 
     torch.manual_seed(0)
     logits = torch.randn(5, 3, 64, device="cuda")
-    meta = metadata(5, {0: 11, 3: 12})
-    meta.temperature = meta.temperature.cuda()
-    meta.generators = {row: torch.Generator(device="cuda").manual_seed(seed) for row, seed in ((0, 11), (3, 12))}
+    meta = metadata(5, {0: 11, 3: 12}, device="cuda")
     first = sample_codes(logits, meta)
     other = logits.clone()
     other[[1, 2, 4]] = torch.randn(3, 3, 64, device="cuda")
     assert torch.equal(sample_codes(other, meta)[[0, 3]], first[[0, 3]])
-    alone = metadata(1, {0: 12})
-    alone.temperature = alone.temperature.cuda()
-    alone.generators = {0: torch.Generator(device="cuda").manual_seed(12)}
-    assert torch.equal(sample_codes(logits[3:4], alone)[0], first[3])
+    assert torch.equal(sample_codes(logits[3:4], metadata(1, {0: 12}, device="cuda"))[0], first[3])

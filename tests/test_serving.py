@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -26,6 +25,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from tests.conftest import REPO_ROOT
+from tests.server_utils import wait_for
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_INPUT_CHARS, MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
@@ -166,13 +166,13 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     for i in range(3):
         raw_pcm(server, input=f"{TEXT} Take {i}.", temperature=0.0)  # streamed: the kind vLLM-Omni coerces to DELTA
     log = tmp_path / "server.log"
-    deadline = time.monotonic() + 10.0  # the tables are logged off the event loop, just after each answer
-    while True:
+
+    def all_reported() -> bool:  # the tables are logged off the event loop, just after each answer
         log.write_text(server.log_text()[before:])
-        stats = audio_vs_frames.requests(log)
-        if len(stats) >= 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
+        return len(audio_vs_frames.requests(log)) >= 3
+
+    wait_for(all_reported, timeout_s=10.0)
+    stats = audio_vs_frames.requests(log)
     assert len(stats) == 3, log.read_text()[-3000:]
     for request_id, fields in stats.items():
         assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)

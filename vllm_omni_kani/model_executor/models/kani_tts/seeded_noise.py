@@ -33,6 +33,8 @@ SALT = 0x6B43A9B5  # keys this noise apart from any other hash of the same seed 
 _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
 _UNIFORM_BITS = 24  # a float32 holds 24-bit integers exactly: uniforms are (top 24 bits + 0.5) / 2**24, in (0, 1)
 _BLOCK = 1024  # columns per Triton program
+# Triton picks its interpreter when it decorates the kernel, at import: read once here too, not every step.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def generator_position(generator: torch.Generator) -> int:
@@ -106,7 +108,7 @@ def seeded_exponentials(generators: list[torch.Generator], width: int, device: t
 
 def fused_kernel_available(device: torch.device) -> bool:
     """Whether ``scatter_hashed_exponentials`` can run on ``device`` (CUDA with Triton, or Triton's interpreter)."""
-    return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    return triton is not None and (device.type == "cuda" or _INTERPRETED)
 
 
 def scatter_hashed_exponentials(out: torch.Tensor, table: torch.Tensor) -> None:
