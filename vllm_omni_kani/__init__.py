@@ -27,9 +27,10 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import logger, lora_patch, patch
+    from vllm_omni_kani import gil_switch, logger, lora_patch, patch
 
     logger.route_to_vllm()
+    gil_switch.apply_switch_interval()
 
     patch.apply_all()
     lora_patch.apply_all()

@@ -21,3 +21,35 @@ def disabled_patches() -> set[str]:
     """Names of ``patch`` functions listed in ``KANI_DISABLE_PATCHES`` (comma-separated): left unapplied, to measure
     or bypass one workaround without editing the plugin."""
     return {name.strip() for name in os.environ.get(KANI_DISABLE_PATCHES, "").split(",") if name.strip()}
+
+
+KANI_GIL_SWITCH_INTERVAL_MS = "KANI_GIL_SWITCH_INTERVAL_MS"
+
+
+def gil_switch_interval_s() -> float | None:
+    """``KANI_GIL_SWITCH_INTERVAL_MS`` in seconds (``sys.setswitchinterval``'s unit), or None when unset or empty.
+
+    Raises ValueError with the variable's name for a value that is not a positive number."""
+    raw = os.environ.get(KANI_GIL_SWITCH_INTERVAL_MS, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{KANI_GIL_SWITCH_INTERVAL_MS}={raw!r}: expected a positive number of milliseconds")
+    return value / 1000.0
+
+
+KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
+
+
+def step_stats_interval_s() -> float:
+    """``KANI_STEP_STATS_S``: log Stage 0's step rate every this many seconds (0 or unset: off)."""
+    raw = os.environ.get(KANI_STEP_STATS_S, "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError as exc:
+        raise ValueError(f"{KANI_STEP_STATS_S}={raw!r}: expected a number of seconds") from exc
+    return max(value, 0.0)

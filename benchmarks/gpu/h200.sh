@@ -30,6 +30,9 @@
 #            step of stock vLLM LFM2 (the next call: one engine start each is ~90 s on this machine)
 #   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames;
 #            servedoff: the same with the API server's patches off (KANI_DISABLE_PATCHES), to measure them
+#   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
+#            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
+#            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -143,7 +146,21 @@ for phase in "$@"; do
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
       cleanup
       frames_check shipped
+      step_rates
       pack served ;;
+    servedgil)
+      checkpoints
+      export KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5}
+      serve_sweeps 0 "shipped-gil$KANI_GIL_SWITCH_INTERVAL_MS" "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      unset KANI_GIL_SWITCH_INTERVAL_MS
+      cleanup
+      step_rates
+      pack servedgil ;;
+    samplergil)
+      checkpoints
+      KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5} sampled_steps "stage0-gil${GIL_MS:-0.5}" omni "$CK/par"
+      cleanup
+      pack samplergil ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints

@@ -41,6 +41,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLev
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
+from vllm_omni_kani.model_executor.models.kani_tts.step_meter import StepMeter
 
 logger = init_logger(__name__)
 
@@ -66,6 +67,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         # (docs/BENCHMARKS.md, "Stage-0 host work").
         self.use_async_omni_output = bool(additional_config(vllm_config).get("kani_async_omni_output", False))
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
+        self.step_meter = StepMeter()
         frame_level = FrameLevelSettings.from_hf_config(self.config)
         self.kani_tts2 = None
         if frame_level is not None:
@@ -105,6 +107,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
         logits = super().compute_logits(hidden_states)
+        self.step_meter.tick(logits.shape[0])
         return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
