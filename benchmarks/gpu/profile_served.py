@@ -5,7 +5,8 @@
 Starts one `vllm serve --omni` server, loads it with ``bench`` (FRAMES-frame requests at STREAMS concurrent
 streams), and once the load is steady measures for SECONDS: the CPU time of every process of the server's tree
 and of its busiest threads (psutil, so it costs the server nothing), and, where ``py-spy`` is on PATH, a
-non-blocking py-spy profile of the API server and of each stage's engine core (all threads, and GIL holders only).
+non-blocking py-spy profile of the API server and of each stage's engine core (all threads, GIL holders only, and
+all threads with idle samples kept: where a thread waits), and the GPU's utilisation every 500 ms (nvidia-smi).
 A single-threaded Python process at ~100% CPU (or a GIL held ~100% of the time) is the wall the GPUs wait on.
 Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files beside it.
 """
@@ -113,6 +114,22 @@ def main() -> None:
                 spies.append(
                     subprocess.Popen([py_spy, *common, "--gil", "-p", str(pid), "-o", str(out / f"gil-{pid}.txt")])
                 )
+                if pid != server.proc.pid:
+                    # Idle samples too: a step loop that is off the CPU half the time waits somewhere (GPU, GIL,
+                    # a queue); these stacks say where.
+                    idle = [py_spy, *common, "--idle", "-p", str(pid), "-o", str(out / f"idle-{pid}.txt")]
+                    spies.append(subprocess.Popen(idle))
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            query = [smi, "--query-gpu=index,utilization.gpu,utilization.memory", "--format=csv,noheader,nounits"]
+            gpu_log = (out / f"gpu-util-{args.label}.csv").open("w")
+            spies.append(
+                subprocess.Popen(
+                    ["timeout", str(int(args.seconds)), *query, "-lms", "500"],
+                    stdout=gpu_log,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         before, t0 = snapshot(procs), time.monotonic()
         time.sleep(args.seconds)
         after, wall = snapshot(procs), time.monotonic() - t0
@@ -129,7 +146,7 @@ def main() -> None:
     rows.sort(key=lambda r: (r["id"].split("/")[0], -r["cpu"]))
     result: dict[str, object] = {"label": args.label, "frames": args.frames, "streams": args.streams, "cpu": rows}
     stacks = {}
-    for raw in sorted([*out.glob("spy-*.txt"), *out.glob("gil-*.txt")]):
+    for raw in sorted([*out.glob("spy-*.txt"), *out.glob("gil-*.txt"), *out.glob("idle-*.txt")]):
         stacks[raw.stem] = top_stacks(raw)
     result["stacks"] = stacks
     # py-spy --gil keeps only samples where a thread held the GIL: their share of all sample slots, per process.
@@ -139,6 +156,12 @@ def main() -> None:
         if f"gil-{pid}" in stacks
     }
     result["api_server_pid"] = server.proc.pid
+    util = out / f"gpu-util-{args.label}.csv"
+    if util.exists():
+        busy_pct = [float(line.split(",")[1]) for line in util.read_text().splitlines() if line.count(",") >= 2]
+        if busy_pct:
+            result["gpu_util_pct"] = {"mean": round(sum(busy_pct) / len(busy_pct), 1), "samples": len(busy_pct)}
+            print(f"GPU utilisation mean {result['gpu_util_pct']['mean']}% over {len(busy_pct)} samples", flush=True)
     path = out / f"profile-{args.label}.json"
     path.write_text(json.dumps(result, indent=1))
     for row in rows:
