@@ -10,6 +10,7 @@ from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
+from vllm_omni_kani.model_executor.models.kani_tts.codebook1_noise import hashed_random_sample
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_exponentials
 
 HEADS, SIZE = 3, 64
@@ -136,7 +137,7 @@ def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
     size, device = 4032, torch.device("cuda")
     warm_up_kernels(3, size, device)
     before = compiled()
-    assert before >= 7  # three filter sets at two row-count classes, and the noise
+    assert before >= 8  # three filter sets at two row-count classes, and the noise of the heads and of codebook 1
     for rows in (5, 11, 32, 256):
         for top_k, top_p in ((None, 0.9), (50, None), (50, 0.9)):
             meta = metadata(rows, {0: 7}, device="cuda")
@@ -144,4 +145,7 @@ def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
             meta.top_p = None if top_p is None else torch.full((rows,), top_p, device=device)
             codes = sample_codes(torch.randn(rows, 3, size, device=device), meta)
             assert codes.shape == (rows, 3)
+        # Codebook 1's seeded noise at the vocabulary's width (vLLM's sampler, patched in a Stage-0 process).
+        probs = torch.rand(rows, 68442, device=device).softmax(dim=-1)
+        hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(rows)})
     assert compiled() == before

@@ -13,6 +13,8 @@ import torch
 from tests.conftest import run_python
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
+    CODEBOOK1_SALT,
+    SALT,
     fused_kernel_available,
     hashed_exponentials,
     noise_table,
@@ -32,12 +34,12 @@ def _generators(device: str) -> list[torch.Generator]:
     return generators
 
 
-def _kernel_against_reference(device: str) -> None:
+def _kernel_against_reference(device: str, salt: int = SALT) -> None:
     """Raises AssertionError unless the kernel's rows match the reference within float32 rounding of the log."""
     generators = _generators(device)
-    reference = hashed_exponentials(seed_keys(generators).to(device), WIDTH)
+    reference = hashed_exponentials(seed_keys(generators).to(device), WIDTH, salt=salt)
     out = torch.full((8, WIDTH), -1.0, device=device)
-    scatter_hashed_exponentials(out, noise_table(list(ROWS), generators).to(device))
+    scatter_hashed_exponentials(out, noise_table(list(ROWS), generators).to(device), salt=salt)
     # The uniforms are bit-identical; two log implementations differ by a few units in the last place.
     ulps = 4 * torch.finfo(torch.float32).eps
     assert torch.all((out[list(ROWS)] - reference).abs() <= ulps * reference.abs().clamp_min(1.0))
@@ -51,6 +53,7 @@ def test_the_kernel_writes_the_reference_noise_into_the_seeded_rows_under_the_in
         "from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available\n"
         "assert fused_kernel_available(torch.device('cpu'))\n"
         "t._kernel_against_reference('cpu')\n"
+        "t._kernel_against_reference('cpu', t.CODEBOOK1_SALT)\n"
         "print('kernel ok')\n"
     )
     assert "kernel ok" in run_python(code, env={"TRITON_INTERPRET": "1"}).stdout
@@ -61,8 +64,18 @@ def test_the_kernel_is_used_only_where_it_can_run():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA device (CPU CI has none)")
-def test_the_compiled_kernel_matches_the_reference_on_cuda():
-    _kernel_against_reference("cuda")
+@pytest.mark.parametrize("salt", [SALT, CODEBOOK1_SALT])
+def test_the_compiled_kernel_matches_the_reference_on_cuda(salt):
+    _kernel_against_reference("cuda", salt)
+
+
+def test_codebook_1_and_the_code_heads_draw_unrelated_noise_for_one_seed_and_position():
+    keys = seed_keys(_generators("cpu"))
+    heads, codebook1 = hashed_exponentials(keys, WIDTH), hashed_exponentials(keys, WIDTH, salt=CODEBOOK1_SALT)
+    assert not torch.any(heads == codebook1)  # not one of the 60k shared columns gives the same value
+    # Independent Exp(1) draws: their correlation is within a few standard errors (1/sqrt(n)) of 0.
+    pair = torch.stack([heads.flatten(), codebook1.flatten()])
+    assert abs(torch.corrcoef(pair)[0, 1].item()) < 4 / heads.numel() ** 0.5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernel needs a CUDA device (CPU CI has none)")

@@ -603,6 +603,52 @@ def log_request_summaries_off_the_event_loop() -> bool | None:
     logger.info("request summaries: built and logged on a background thread, off the event loop")
 
 
+def _vllm_0_26() -> bool:
+    return _vllm_version().startswith("0.26.")
+
+
+@_patch(_vllm_0_26)
+def hash_seeded_codebook1_noise() -> bool | None:
+    """vllm 0.26.0: on CUDA, codebook 1's noise for seeded requests from one hashing kernel, not one draw each.
+
+    ``topk_topp_sampler.random_sample`` draws each seeded row's noise from its generator in a Python loop, one
+    launch per request per step; ``codebook1_noise`` hashes (seed, generator position) instead, as the code heads
+    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when it is built, so only a
+    process serving it samples this way; other calls (unseeded, CPU, float64 noise) go to vLLM's function.
+
+    Returns whether the patch is active.
+    """
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    from vllm_omni_kani.model_executor.models.kani_tts.codebook1_noise import with_hashed_seeded_noise
+
+    ops.random_sample = with_hashed_seeded_noise(ops.random_sample)
+    logger.info("seeded codebook-1 noise: hashed in one kernel on CUDA")
+
+
+@_patch(_vllm_0_26)
+def build_penalty_tokens_incrementally() -> bool | None:
+    """vllm 0.26.0: the penalties' padded output-token tensor from each request's new tokens only, unpinned.
+
+    ``penalties._convert_to_tensors`` converts every request's whole output list and pins the result every step
+    (O(requests x length)); ``penalty_tokens.OutputTokenRows`` keeps the rows between steps and builds the same
+    array. Installed by the Kani Stage-0 model when it is built.
+
+    Returns whether the patch is active.
+    """
+    from vllm.v1.sample.ops import penalties
+
+    from vllm_omni_kani.model_executor.models.kani_tts.penalty_tokens import OutputTokenRows, convert_to_tensors_with
+
+    penalties._convert_to_tensors = convert_to_tensors_with(OutputTokenRows())
+    logger.info("penalty tokens: built incrementally")
+
+
+def apply_stage0_sampling() -> list[str]:
+    """The sampler patches a Kani Stage-0 engine takes (called from the model's constructor, in its worker)."""
+    return [fn.__name__ for fn in (hash_seeded_codebook1_noise, build_penalty_tokens_incrementally) if fn()]
+
+
 def apply_all() -> list[str]:
     """Apply every patch whose guard matches this process; returns the active ones."""
     return [

@@ -33,6 +33,9 @@
 #   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
 #            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
 #            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
+#   samplerab  the Stage-0 sampler patches (seeded codebook-1 noise hashed in one kernel, penalty tokens built
+#            incrementally): the CUDA-only sampling tests, then step_time at 64 and 256 with them and without them
+#            (KANI_DISABLE_PATCHES); servedsampleroff: `served` without them
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -42,6 +45,7 @@
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
+SAMPLER_PATCHES=hash_seeded_codebook1_noise,build_penalty_tokens_incrementally
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 if [ $quick = 1 ]; then
@@ -161,6 +165,22 @@ for phase in "$@"; do
       KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5} sampled_steps "stage0-gil${GIL_MS:-0.5}" omni "$CK/par"
       cleanup
       pack samplergil ;;
+    samplerab)
+      checkpoints
+      step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
+        tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_tokens.py
+      sampled_steps stage0 omni "$CK/par"
+      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched omni "$CK/par"
+      cleanup
+      pack samplerab ;;
+    servedsampleroff)
+      checkpoints
+      export KANI_DISABLE_PATCHES=$SAMPLER_PATCHES
+      serve_sweeps 0 shipped-sampler-unpatched "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      unset KANI_DISABLE_PATCHES
+      cleanup
+      step_rates
+      pack servedsampleroff ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints

@@ -1,4 +1,7 @@
-"""Exp(1) noise for seeded requests' code heads: a counter-based hash of each request's seed and generator position.
+"""Exp(1) noise for seeded requests: a counter-based hash of each request's seed and generator position.
+
+Used for the code heads, and on CUDA for codebook 1 too (``codebook1_noise``), each under its own salt so the two
+draws of one step are independent.
 
 The same seed at the same position gives the same noise row in any batch, and a new position gives fresh noise, so
 a seeded request's codes do not depend on which other requests share its step. The hash is integer arithmetic: every
@@ -29,7 +32,8 @@ except ImportError:  # pragma: no cover - every supported install has Triton
 # Integers hold 32-bit values in int64 and every product stays inside int64 (no overflow, so every device computes
 # the same bits); only the low 32 bits of each product are kept.
 MASK32 = 0xFFFFFFFF
-SALT = 0x6B43A9B5  # keys this noise apart from any other hash of the same seed and position
+SALT = 0x6B43A9B5  # the code heads' noise: keys it apart from any other hash of the same seed and position
+CODEBOOK1_SALT = 0x2C1B3C6D  # codebook 1's noise (vLLM's sampler, ``codebook1_noise``)
 _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
 _UNIFORM_BITS = 24  # a float32 holds 24-bit integers exactly: uniforms are (top 24 bits + 0.5) / 2**24, in (0, 1)
 _BLOCK = 1024  # columns per Triton program
@@ -49,9 +53,13 @@ def generator_position(generator: torch.Generator) -> int:
     return zlib.crc32(generator.get_state().numpy().tobytes())
 
 
-def _key_words(generators: list[torch.Generator]) -> np.ndarray:
-    """``[N, 4]`` int64: each generator's (seed low, seed high, position low, position high) 32-bit words."""
-    pairs = np.array([(g.initial_seed(), generator_position(g)) for g in generators], dtype=np.uint64).reshape(-1, 2)
+def _key_words(generators: list[torch.Generator], positions: list[int] | None = None) -> np.ndarray:
+    """``[N, 4]`` int64: each generator's (seed low, seed high, position low, position high) 32-bit words; the
+    positions are read from the generators unless given."""
+    if positions is None:
+        positions = [generator_position(g) for g in generators]
+    seeds = [g.initial_seed() for g in generators]
+    pairs = np.array(list(zip(seeds, positions, strict=True)), dtype=np.uint64).reshape(-1, 2)
     words = np.stack([pairs & MASK32, pairs >> np.uint64(32)], axis=-1)  # [N, (seed, position), (low, high)]
     return words.reshape(-1, 4).astype(np.int64)
 
@@ -61,9 +69,9 @@ def seed_keys(generators: list[torch.Generator]) -> torch.Tensor:
     return torch.from_numpy(_key_words(generators))
 
 
-def noise_table(rows: list[int], generators: list[torch.Generator]) -> torch.Tensor:
+def noise_table(rows: list[int], generators: list[torch.Generator], positions: list[int] | None = None) -> torch.Tensor:
     """``[N, 5]`` int64 host tensor: each seeded request's batch row, then its seed key (one copy to the device)."""
-    return torch.from_numpy(np.column_stack([np.asarray(rows, dtype=np.int64), _key_words(generators)]))
+    return torch.from_numpy(np.column_stack([np.asarray(rows, dtype=np.int64), _key_words(generators, positions)]))
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -85,13 +93,13 @@ def _mixed_columns(width: int, device: torch.device) -> torch.Tensor:
     return _mix32(torch.arange(width, dtype=torch.long, device=device))
 
 
-def hashed_exponentials(keys: torch.Tensor, width: int) -> torch.Tensor:
+def hashed_exponentials(keys: torch.Tensor, width: int, salt: int = SALT) -> torch.Tensor:
     """``[N, 4]`` seed keys (``seed_keys``, on the target device) → ``[N, width]`` float32 Exp(1) noise."""
-    row = _mix32(keys[:, 3] ^ SALT)
+    row = _mix32(keys[:, 3] ^ salt)
     for column in (2, 1, 0):
         row = _mix32(row ^ keys[:, column])
     bits = _mix32(_mixed_columns(width, keys.device).unsqueeze(0) ^ row.unsqueeze(1))
-    bits ^= _mix32(row ^ SALT).unsqueeze(1)
+    bits ^= _mix32(row ^ salt).unsqueeze(1)
     bits = _mix32(bits)
     bits >>= 32 - _UNIFORM_BITS
     return bits.to(torch.float32).add_(0.5).mul_(1.0 / (1 << _UNIFORM_BITS)).log_().neg_()
@@ -111,15 +119,15 @@ def fused_kernel_available(device: torch.device) -> bool:
     return triton is not None and (device.type == "cuda" or _INTERPRETED)
 
 
-def scatter_hashed_exponentials(out: torch.Tensor, table: torch.Tensor) -> None:
-    """``out[table[i, 0]] = hashed_exponentials(table[:, 1:])[i]`` in one kernel; ``out`` is ``[R, width]`` float32
-    and contiguous, ``table`` a ``noise_table`` on ``out``'s device."""
+def scatter_hashed_exponentials(out: torch.Tensor, table: torch.Tensor, salt: int = SALT) -> None:
+    """``out[table[i, 0]] = hashed_exponentials(table[:, 1:], salt=salt)[i]`` in one kernel; ``out`` is
+    ``[R, width]`` float32 and contiguous, ``table`` a ``noise_table`` on ``out``'s device."""
     count, width = table.shape[0], out.shape[1]
     if count == 0:
         return
     grid = (count, triton.cdiv(width, _BLOCK))
     _hashed_exponentials_kernel[grid](
-        table.contiguous(), out, width, SALT=SALT, BITS=_UNIFORM_BITS, BLOCK=_BLOCK, LIBDEVICE_LOG=out.is_cuda
+        table.contiguous(), out, width, SALT=salt, BITS=_UNIFORM_BITS, BLOCK=_BLOCK, LIBDEVICE_LOG=out.is_cuda
     )
 
 
