@@ -6,11 +6,16 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 from vllm.utils.torch_utils import make_ndarray_with_pad
 from vllm.v1.sample.ops import penalties
 
-from vllm_omni_kani.model_executor.models.kani_tts.penalty_tokens import OutputTokenRows, convert_to_tensors_with
+from vllm_omni_kani.model_executor.models.kani_tts.penalty_tokens import (
+    OutputTokenRows,
+    PinnedStaging,
+    convert_to_tensors_with,
+)
 
 PAD = 68442
 
@@ -59,3 +64,15 @@ def test_the_tensor_stand_in_gives_vllms_tensor():
     got = convert(lists, PAD, torch.device("cpu"))
     want = penalties._convert_to_tensors(lists, PAD, torch.device("cpu"))
     assert got.dtype == want.dtype == torch.int64 and torch.equal(got, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging copies to a CUDA device (CPU CI has none)")
+def test_the_pinned_ring_delivers_every_steps_array_to_the_device():
+    rng = random.Random(2)
+    staging = PinnedStaging(slots=2)
+    sent = []
+    for step in range(12):  # more steps than slots, growing: buffers are reused and regrown
+        array = np.array([[rng.randrange(PAD) for _ in range(step + 1)] for _ in range(3 + step)], dtype=np.int64)
+        sent.append((array, staging.to_device(array, torch.device("cuda"))))
+    for array, tensor in sent:
+        assert torch.equal(tensor.cpu(), torch.from_numpy(array))

@@ -80,13 +80,43 @@ class OutputTokenRows:
         self._free.extend(range(new_capacity - 1, capacity - 1, -1))
 
 
-def convert_to_tensors_with(rows: OutputTokenRows):
+class PinnedStaging:
+    """Host-to-device copies through a ring of pinned buffers that live across steps.
+
+    A copy from pageable memory waits for the stream to reach it (it stages through the driver's buffer), which
+    cost the step its overlap with the forward pass; pinning a new tensor every step, as vLLM does, cost 4.8% of a
+    served step's main-thread samples. A buffer is reused ``slots`` copies later, after its copy's event.
+    """
+
+    def __init__(self, slots: int = 4) -> None:
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._events: list[torch.cuda.Event | None] = [None] * slots
+        self._next = 0
+
+    def to_device(self, array: np.ndarray, device: torch.device) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.from_numpy(array).to(device)
+        i, self._next = self._next, (self._next + 1) % len(self._buffers)
+        buffer, event = self._buffers[i], self._events[i]
+        if buffer is None or buffer.numel() < array.size:
+            size = max(array.size, 2 * (0 if buffer is None else buffer.numel()), 1)
+            buffer = self._buffers[i] = torch.empty(size, dtype=torch.from_numpy(array[:0]).dtype, pin_memory=True)
+        elif event is not None:
+            event.synchronize()  # the copy out of this buffer, several steps ago
+        host = buffer[: array.size].view(array.shape)
+        host.numpy()[...] = array
+        out = host.to(device, non_blocking=True)
+        event = self._events[i] = torch.cuda.Event()
+        event.record()
+        return out
+
+
+def convert_to_tensors_with(rows: OutputTokenRows, staging: PinnedStaging | None = None):
     """A stand-in for vLLM's ``penalties._convert_to_tensors`` (same values, same device) fed by ``rows``."""
+    staging = staging or PinnedStaging()
 
     def _convert_to_tensors(output_token_ids: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
-        # vocab_size pads, as in vLLM: no token has that id. From pageable memory CUDA stages the copy before the
-        # call returns, without waiting for the device; vLLM pinned a new tensor every step instead.
-        padded = torch.from_numpy(rows.padded(output_token_ids, pad=vocab_size))
-        return padded.to(device, non_blocking=True)
+        # vocab_size pads, as in vLLM: no token has that id.
+        return staging.to_device(rows.padded(output_token_ids, pad=vocab_size), torch.device(device))
 
     return _convert_to_tensors
