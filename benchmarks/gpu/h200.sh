@@ -35,7 +35,8 @@
 #            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
 #   samplerab  the Stage-0 sampler patches (seeded codebook-1 noise hashed in one kernel, penalty tokens built
 #            incrementally): the CUDA-only sampling tests, then step_time at 64 and 256 with them and without them
-#            (KANI_DISABLE_PATCHES); servedsampleroff: `served` without them
+#            (KANI_DISABLE_PATCHES); samplerorder: the step_time A/B as unpatched, patched, unpatched;
+#            servedsampleroff: `served` without them
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -173,6 +174,15 @@ for phase in "$@"; do
       KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched omni "$CK/par"
       cleanup
       pack samplerab ;;
+    samplerorder)
+      # The same A/B as samplerab in the order unpatched, patched, unpatched (a fresh machine's first engine start is
+      # the slowest, and the first step_time of a call ran slower than the later ones).
+      checkpoints
+      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched-1 omni "$CK/par"
+      sampled_steps stage0-sampler-patched omni "$CK/par"
+      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched-2 omni "$CK/par"
+      cleanup
+      pack samplerorder ;;
     servedsampleroff)
       checkpoints
       export KANI_DISABLE_PATCHES=$SAMPLER_PATCHES
