@@ -73,3 +73,17 @@ def with_hashed_seeded_noise(original: RandomSample) -> RandomSample:
 
     random_sample.__wrapped__ = original  # type: ignore[attr-defined]
     return random_sample
+
+
+def warm_up_kernel(vocab_size: int, device: torch.device) -> None:
+    """Compile the noise kernel for codebook 1 now, at model load, not in the first seeded step.
+
+    Triton specialises the kernel on the row width's divisibility by 16, so the code heads' warm-up (width 3 x
+    4,032) does not cover the vocabulary's width: py-spy-free evidence is the JIT monitor's "compilation during
+    inference: _hashed_exponentials_kernel" in the first sampled step of a Stage-0 engine (docs/BENCHMARKS.md,
+    "Eleventh set").
+    """
+    if device.type != "cuda" or not fused_kernel_available(device):
+        return
+    probs = torch.full((1, vocab_size), 1.0 / vocab_size, device=device)
+    hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(0)})

@@ -36,6 +36,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
+from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
@@ -114,6 +115,12 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded = self._load_backbone_weights(weights)
+        if patch.hash_seeded_codebook1_noise():
+            codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
+        return loaded
+
+    def _load_backbone_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         if self.kani_tts2 is None:
             return super().load_weights(weights)
         names = self.kani_tts2.weight_names()
