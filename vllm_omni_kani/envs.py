@@ -53,3 +53,13 @@ def step_stats_interval_s() -> float:
     except ValueError as exc:
         raise ValueError(f"{KANI_STEP_STATS_S}={raw!r}: expected a number of seconds") from exc
     return max(value, 0.0)
+
+
+KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
+
+
+def stage0_sampler_patches() -> bool:
+    """``KANI_STAGE0_SAMPLER_PATCHES=1``: a Kani Stage-0 process takes the experimental sampler patches (seeded
+    codebook-1 noise hashed in one kernel, penalty tokens built incrementally); off by default until a GPU A/B shows
+    them faster at every batch (docs/BENCHMARKS.md, "Eleventh set")."""
+    return os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower() in ("1", "true", "on", "yes")

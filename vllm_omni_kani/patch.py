@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_omni_kani.envs import disabled_patches
+from vllm_omni_kani.envs import disabled_patches, stage0_sampler_patches
 
 logger = logging.getLogger(__name__)
 
@@ -613,8 +613,9 @@ def hash_seeded_codebook1_noise() -> bool | None:
 
     ``topk_topp_sampler.random_sample`` draws each seeded row's noise from its generator in a Python loop, one
     launch per request per step; ``codebook1_noise`` hashes (seed, generator position) instead, as the code heads
-    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when it is built, so only a
-    process serving it samples this way; other calls (unseeded, CPU, float64 noise) go to vLLM's function.
+    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when it is built with
+    ``KANI_STAGE0_SAMPLER_PATCHES`` on, so only a process serving it samples this way; other calls (unseeded, CPU,
+    float64 noise) go to vLLM's function.
 
     Returns whether the patch is active.
     """
@@ -632,7 +633,7 @@ def build_penalty_tokens_incrementally() -> bool | None:
 
     ``penalties._convert_to_tensors`` converts every request's whole output list and pins the result every step
     (O(requests x length)); ``penalty_tokens.OutputTokenRows`` keeps the rows between steps and builds the same
-    array. Installed by the Kani Stage-0 model when it is built.
+    array. Installed by the Kani Stage-0 model when it is built with ``KANI_STAGE0_SAMPLER_PATCHES`` on.
 
     Returns whether the patch is active.
     """
@@ -645,8 +646,16 @@ def build_penalty_tokens_incrementally() -> bool | None:
 
 
 def apply_stage0_sampling() -> list[str]:
-    """The sampler patches a Kani Stage-0 engine takes (called from the model's constructor, in its worker)."""
+    """The sampler patches a Kani Stage-0 engine takes when ``KANI_STAGE0_SAMPLER_PATCHES`` is on (called from the
+    model's constructor, in its worker); returns the active ones."""
+    if not stage0_sampler_patches():
+        return []
     return [fn.__name__ for fn in (hash_seeded_codebook1_noise, build_penalty_tokens_incrementally) if fn()]
+
+
+def active() -> frozenset[str]:
+    """Names of the patches applied in this process."""
+    return frozenset(_applied)
 
 
 def apply_all() -> list[str]:

@@ -33,10 +33,10 @@
 #   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
 #            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
 #            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
-#   samplerab  the Stage-0 sampler patches (seeded codebook-1 noise hashed in one kernel, penalty tokens built
-#            incrementally): the CUDA-only sampling tests, then step_time at 64 and 256 with them and without them
-#            (KANI_DISABLE_PATCHES); samplerorder: the step_time A/B as unpatched, patched, unpatched;
-#            servedsampleroff: `served` without them
+#   samplerab  the experimental Stage-0 sampler patches (KANI_STAGE0_SAMPLER_PATCHES: seeded codebook-1 noise
+#            hashed in one kernel, penalty tokens built incrementally): the CUDA-only sampling tests, then step_time
+#            at 64 and 256 with them and without them; samplerorder: the step_time A/B as without, with, without;
+#            servedsampler: `served` with them
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -46,7 +46,6 @@
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
-SAMPLER_PATCHES=hash_seeded_codebook1_noise,build_penalty_tokens_incrementally
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 if [ $quick = 1 ]; then
@@ -170,27 +169,27 @@ for phase in "$@"; do
       checkpoints
       step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
         tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_tokens.py
-      sampled_steps stage0 omni "$CK/par"
-      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched omni "$CK/par"
+      KANI_STAGE0_SAMPLER_PATCHES=1 sampled_steps stage0 omni "$CK/par"
+      sampled_steps stage0-sampler-unpatched omni "$CK/par"
       cleanup
       pack samplerab ;;
     samplerorder)
       # The same A/B as samplerab in the order unpatched, patched, unpatched (a fresh machine's first engine start is
       # the slowest, and the first step_time of a call ran slower than the later ones).
       checkpoints
-      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched-1 omni "$CK/par"
-      sampled_steps stage0-sampler-patched omni "$CK/par"
-      KANI_DISABLE_PATCHES=$SAMPLER_PATCHES sampled_steps stage0-sampler-unpatched-2 omni "$CK/par"
+      sampled_steps stage0-sampler-unpatched-1 omni "$CK/par"
+      KANI_STAGE0_SAMPLER_PATCHES=1 sampled_steps stage0-sampler-patched omni "$CK/par"
+      sampled_steps stage0-sampler-unpatched-2 omni "$CK/par"
       cleanup
       pack samplerorder ;;
-    servedsampleroff)
+    servedsampler)
       checkpoints
-      export KANI_DISABLE_PATCHES=$SAMPLER_PATCHES
-      serve_sweeps 0 shipped-sampler-unpatched "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
-      unset KANI_DISABLE_PATCHES
+      export KANI_STAGE0_SAMPLER_PATCHES=1
+      serve_sweeps 0 shipped-sampler-patched "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      unset KANI_STAGE0_SAMPLER_PATCHES
       cleanup
       step_rates
-      pack servedsampleroff ;;
+      pack servedsampler ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints

@@ -9,6 +9,7 @@ step (``set_offset(offset - 4)`` in ``GPUModelRunner._bookkeeping_sync``) and th
 
 A seeded request's codebook-1 tokens are then a function of its seed and step alone, as its code heads' already
 are; they are not the tokens stock vLLM would draw for that seed. Unseeded rows keep vLLM's one batch draw.
+Experimental, off unless ``KANI_STAGE0_SAMPLER_PATCHES`` is on (``patch.apply_stage0_sampling``).
 """
 
 from __future__ import annotations

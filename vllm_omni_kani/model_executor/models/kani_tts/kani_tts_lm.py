@@ -64,7 +64,8 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        # vLLM's sampler, in this process only: seeded codebook-1 noise in one kernel, penalty tokens incrementally.
+        # vLLM's sampler, in this process only and when asked for (KANI_STAGE0_SAMPLER_PATCHES): seeded codebook-1
+        # noise in one kernel, penalty tokens built incrementally.
         patch.apply_stage0_sampling()
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
@@ -116,7 +117,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         loaded = self._load_backbone_weights(weights)
-        if patch.hash_seeded_codebook1_noise():
+        if patch.hash_seeded_codebook1_noise.__name__ in patch.active():
             codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
         return loaded
 

@@ -9,7 +9,8 @@ main-thread samples, and it grows with the length of the requests (docs/BENCHMAR
 (and the last few tokens again, which vLLM may still rewrite: async scheduling's placeholders), then gathers the
 step's rows in one indexing operation. A request is recognised by its live output list (vLLM appends to the same
 list every step); the row keeps a reference to that list, so a list is never mistaken for another one at the same
-address. Rows not seen in a step are freed. The result is the same array vLLM builds.
+address. Rows not seen in a step are freed. The result is the same array vLLM builds. Experimental, off unless
+``KANI_STAGE0_SAMPLER_PATCHES`` is on (``patch.apply_stage0_sampling``).
 """
 
 from __future__ import annotations
