@@ -36,7 +36,8 @@
 #   samplerab  the experimental Stage-0 sampler patches (KANI_STAGE0_SAMPLER_PATCHES: seeded codebook-1 noise
 #            hashed in one kernel, penalty tokens built incrementally): the CUDA-only sampling tests, then step_time
 #            at 64 and 256 with them and without them; samplerorder: the step_time A/B as without, with, without;
-#            servedsampler: `served` with them
+#            servedsampler: `served` with them; samplerspy: py-spy of the sampled step at batch 64 with them, then
+#            without them (their batch-64 cost is not located)
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -182,6 +183,12 @@ for phase in "$@"; do
       sampled_steps stage0-sampler-unpatched-2 omni "$CK/par"
       cleanup
       pack samplerorder ;;
+    samplerspy)
+      checkpoints
+      KANI_STAGE0_SAMPLER_PATCHES=1 spy_step stage0-sampled-64-patched omni "$CK/par" --soak-sampled 64
+      spy_step stage0-sampled-64-unpatched omni "$CK/par" --soak-sampled 64
+      cleanup
+      pack samplerspy ;;
     servedsampler)
       checkpoints
       export KANI_STAGE0_SAMPLER_PATCHES=1

@@ -137,13 +137,14 @@ stage0_async_steps() {
     "$R/stage0-async.json" --label agreement-async --out "$R"
 }
 
-# spy_step NAME ENGINE CKPT [--soak-sampled]: the Stage-0 step at batch 256 held steady (step_time --soak-seconds,
-# greedy unless told) while py-spy samples its engine-core process for 15 s: where the host time of a step goes.
+# spy_step NAME ENGINE CKPT [--soak-sampled] [BATCH]: the Stage-0 step at batch BATCH (256) held steady (step_time
+# --soak-seconds, greedy unless told) while py-spy samples its engine-core process for 15 s: where the host time of
+# a step goes.
 spy_step() {
   local name=$1 engine=$2 ckpt=$3 core
   mkdir -p "$R/profile"
   timeout -k 20 300 python3 -m vllm_omni_kani.benchmarks.step_time "$ckpt" --engine "$engine" --label "$name" \
-    --out "$R/profile" --batches 256 --soak-seconds 25 ${4:-} > "$R/profile/$name.log" 2>&1 &
+    --out "$R/profile" --batches "${5:-256}" --soak-seconds 25 ${4:-} > "$R/profile/$name.log" 2>&1 &
   local job=$!
   for _ in $(seq 1 240); do grep -q "soak: start" "$R/profile/$name.log" && break; sleep 1; done
   sleep 3
