@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import os
 
+TRUTHY = ("1", "true", "on", "yes")  # the values that turn a switch on, in any case
+
+
+def _flag(name: str) -> bool:
+    """Whether the variable ``name`` is set to one of ``TRUTHY`` (any case)."""
+    return os.environ.get(name, "").strip().lower() in TRUTHY
+
+
 # "1": log one line per chunk where Stage 0 emits it and per codec step (windows, decode time, wall clock), to
 # place first-audio latency between the stages; the codec step then waits for its decode to finish (a host sync).
 KANI_TRACE_CHUNKS = "KANI_TRACE_CHUNKS"
@@ -11,7 +19,7 @@ KANI_TRACE_CHUNKS = "KANI_TRACE_CHUNKS"
 
 def trace_chunks() -> bool:
     """Whether ``KANI_TRACE_CHUNKS`` is on (read when a stage process loads its model or producer)."""
-    return os.environ.get(KANI_TRACE_CHUNKS, "").strip().lower() in ("1", "true", "on", "yes")
+    return _flag(KANI_TRACE_CHUNKS)
 
 
 KANI_DISABLE_PATCHES = "KANI_DISABLE_PATCHES"
@@ -62,4 +70,4 @@ def stage0_sampler_patches() -> bool:
     """``KANI_STAGE0_SAMPLER_PATCHES=1``: a Kani Stage-0 process takes the experimental sampler patches (seeded
     codebook-1 noise hashed in one kernel, penalty tokens built incrementally); off by default until a GPU A/B shows
     them faster at every batch (docs/BENCHMARKS.md, "Eleventh set")."""
-    return os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower() in ("1", "true", "on", "yes")
+    return _flag(KANI_STAGE0_SAMPLER_PATCHES)

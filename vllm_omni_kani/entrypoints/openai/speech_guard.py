@@ -54,6 +54,7 @@ from vllm_omni_kani.entrypoints.openai.cancellation import (
     key_digest,
 )
 from vllm_omni_kani.entrypoints.openai.metrics import speech_metrics
+from vllm_omni_kani.envs import TRUTHY
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class SpeechGuardMiddleware:
             return await _respond(send, admitted.status, body, headers)
 
         entry = admitted
-        if request_headers.get(TRACE_HEADER, "").strip().lower() in ("1", "true", "on", "yes"):
+        if request_headers.get(TRACE_HEADER, "").strip().lower() in TRUTHY:
             entry.trace = {"arrived": entry.admitted_at}
         exchange = _Exchange(send, entry, CancellableReceive(receive, entry))
         token = _CURRENT.set(SpeechContext(self.admission, entry))

@@ -19,8 +19,6 @@ from vllm.v1.sample.ops.topk_topp_sampler import (
 )
 
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
-    CODEBOOK1_SALT,
-    SALT,
     fused_kernel_available,
     hashed_exponentials,
     noise_table,
@@ -90,8 +88,8 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
     A compile in a step stalls every stream for seconds on a fresh machine (py-spy of the first sampled steps at
     batch 256, docs/BENCHMARKS.md "Tenth set"); Triton then keeps the kernels on disk. vLLM's own sampler warm-up
     covers its vocabulary only, and with top-k and top-p both on. Covered here: vLLM's top-k/top-p kernel at the
-    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel for the heads
-    and for codebook 1 (``codebook1_noise``; its salt is a compile-time constant).
+    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel (codebook 1's
+    own variant, at the vocabulary's width, is ``codebook1_noise.warm_up_kernel``).
     """
     if device.type != "cuda":
         return
@@ -103,6 +101,5 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
         for k, p in ((None, top_p), (top_k, None), (top_k, top_p)):
             apply_top_k_top_p(logits.clone(), k, p)
     if fused_kernel_available(device):
-        table = noise_table([0], [torch.Generator(device=device).manual_seed(0)]).to(device)
-        for salt in (SALT, CODEBOOK1_SALT):
-            scatter_hashed_exponentials(torch.empty(1, heads * size, device=device), table, salt=salt)
+        table = noise_table([0], [torch.Generator(device=device).manual_seed(0)])
+        scatter_hashed_exponentials(torch.empty(1, heads * size, device=device), table.to(device))
