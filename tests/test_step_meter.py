@@ -1,12 +1,15 @@
-"""Stage 0's step meter (``KANI_STEP_STATS_S``) and the GIL switch interval (``KANI_GIL_SWITCH_INTERVAL_MS``):
-what they compute and how they read the environment. Both are checked in a real server in
+"""Stage 0's step meter (``KANI_STEP_STATS_S``), its A/B windows (``KANI_SAMPLER_AB_PERIOD_S``) and their summary
+(``benchmarks/ab_windows.py``), and the GIL switch interval (``KANI_GIL_SWITCH_INTERVAL_MS``): what they compute and
+how they read the environment. The meter and the interval are checked in a real server in
 ``test_serving.test_flattened_checkpoint_serves_speech_four_tokens_per_frame``."""
 
 from __future__ import annotations
 
 import pytest
 
+from benchmarks import ab_windows
 from tests.conftest import run_python
+from vllm_omni_kani import sampler_ab
 from vllm_omni_kani.model_executor.models.kani_tts.step_meter import StepMeter
 
 
@@ -63,3 +66,60 @@ def test_a_bad_switch_interval_fails_the_process_start_with_the_variable_named(v
         mp.setenv("KANI_GIL_SWITCH_INTERVAL_MS", value)
         with pytest.raises(ValueError, match="KANI_GIL_SWITCH_INTERVAL_MS"):
             apply_switch_interval()
+
+
+def ab_lines(period: float, step_ms: list[float], steps_per_window: int, windows: int) -> list[str]:
+    """The meter's lines for ``windows`` A/B windows of ``period`` s, window i stepping every ``step_ms[i % 2]``."""
+    meter = StepMeter(interval_s=0.0, ab_period_s=period)
+    lines = []
+    for w in range(windows):
+        start = 100 * period + w * period  # window 100 + w; even windows are the patched side
+        for k in range(steps_per_window):
+            line = meter.tick(64, now=start + 1e-3 + k * step_ms[w % 2] / 1e3)
+            lines += [line] if line else []
+    return lines
+
+
+def test_ab_windows_close_at_each_boundary_and_name_their_side():
+    lines = ab_lines(period=1.0, step_ms=[20.0, 25.0], steps_per_window=40, windows=4)
+    # Three closed windows (the last is still open); 39 periods each, the crossing step left out.
+    assert len(lines) == 3
+    assert lines[0].endswith("20.00 ms per step, 3200 rows/s, mean batch 64.0 over 0.8 s (sampler patches on)")
+    assert lines[1].endswith("25.00 ms per step, 2560 rows/s, mean batch 64.0 over 1.0 s (sampler patches off)")
+    assert lines[2].endswith("(sampler patches on)")
+
+
+def test_the_ab_summary_pairs_neighbouring_windows():
+    text = "\n".join(ab_lines(period=1.0, step_ms=[20.0, 25.0], steps_per_window=40, windows=9))
+    rows = ab_windows.windows(text)
+    assert [patched for _, _, patched in rows] == [True, False] * 4
+    summary = ab_windows.summarise(rows, min_share=0.9)
+    assert summary["pairs"] == 7 and summary["pairs_patched_faster"] == 7
+    assert summary["ratio_median"] == pytest.approx(0.8)
+    assert summary["ms_on_median"] == pytest.approx(20.0) and summary["ms_off_median"] == pytest.approx(25.0)
+
+
+def test_the_patched_side_alternates_and_is_always_taken_without_a_period(monkeypatch):
+    monkeypatch.setattr(sampler_ab, "_period", 2.0)
+    assert [sampler_ab.patched_now(now=t) for t in (0.5, 2.5, 4.5, 6.5)] == [True, False, True, False]
+    monkeypatch.setattr(sampler_ab, "_period", 0.0)
+    assert all(sampler_ab.patched_now(now=t) for t in (0.5, 2.5))
+
+
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [("", set()), ("0", set()), ("1", {"codebook1_noise", "penalty_counts"}), ("penalty_counts", {"penalty_counts"})],
+)
+def test_the_sampler_patches_are_chosen_by_name(monkeypatch, value, names):
+    from vllm_omni_kani.envs import stage0_sampler_patches
+
+    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", value)
+    assert stage0_sampler_patches() == names
+
+
+def test_an_unknown_sampler_patch_is_named_with_the_valid_ones(monkeypatch):
+    from vllm_omni_kani.envs import stage0_sampler_patches
+
+    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "penalty_counts,penalties")
+    with pytest.raises(ValueError, match=r"unknown penalties; expected 1 .* codebook1_noise, penalty_counts"):
+        stage0_sampler_patches()

@@ -64,10 +64,42 @@ def step_stats_interval_s() -> float:
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
+# The patches a Kani Stage-0 process can take: seeded codebook-1 noise hashed in one kernel, and the penalties'
+# output-token counts kept on the device (``patch.apply_stage0_sampling``).
+SAMPLER_PATCH_NAMES = ("codebook1_noise", "penalty_counts")
+_FALSY = ("", "0", "false", "off", "no")
 
 
-def stage0_sampler_patches() -> bool:
-    """``KANI_STAGE0_SAMPLER_PATCHES=1``: a Kani Stage-0 process takes the experimental sampler patches (seeded
-    codebook-1 noise hashed in one kernel, penalty tokens built incrementally); off by default until a GPU A/B shows
-    them faster at every batch (docs/BENCHMARKS.md, "Eleventh set")."""
-    return _flag(KANI_STAGE0_SAMPLER_PATCHES)
+def stage0_sampler_patches() -> frozenset[str]:
+    """The experimental sampler patches a Kani Stage-0 process takes: ``KANI_STAGE0_SAMPLER_PATCHES`` is on (all of
+    ``SAMPLER_PATCH_NAMES``) or a comma-separated list of them; off by default until a GPU A/B shows them faster at
+    every batch (docs/BENCHMARKS.md, "Eleventh set" and "Twelfth set").
+
+    Raises ValueError naming the valid names for a name that is not one."""
+    raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
+    if raw in TRUTHY:
+        return frozenset(SAMPLER_PATCH_NAMES)
+    if raw in _FALSY:
+        return frozenset()
+    names = {name.strip() for name in raw.split(",") if name.strip()}
+    unknown = sorted(names - set(SAMPLER_PATCH_NAMES))
+    if unknown:
+        raise ValueError(
+            f"{KANI_STAGE0_SAMPLER_PATCHES}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all) or a "
+            f"comma-separated list of {', '.join(SAMPLER_PATCH_NAMES)}"
+        )
+    return frozenset(names)
+
+
+KANI_SAMPLER_AB_PERIOD_S = "KANI_SAMPLER_AB_PERIOD_S"
+
+
+def sampler_ab_period_s() -> float:
+    """``KANI_SAMPLER_AB_PERIOD_S``: the sampler patches alternate with vLLM's path in windows of this many seconds
+    (``sampler_ab``); 0 or unset: no alternation."""
+    raw = os.environ.get(KANI_SAMPLER_AB_PERIOD_S, "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError as exc:
+        raise ValueError(f"{KANI_SAMPLER_AB_PERIOD_S}={raw!r}: expected a number of seconds") from exc
+    return max(value, 0.0)

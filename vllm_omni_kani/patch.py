@@ -628,29 +628,34 @@ def hash_seeded_codebook1_noise() -> bool | None:
 
 
 @_patch(_vllm_0_26)
-def build_penalty_tokens_incrementally() -> bool | None:
-    """vllm 0.26.0: the penalties' padded output-token tensor from each request's new tokens only, unpinned.
+def count_penalty_tokens_on_device() -> bool | None:
+    """vllm 0.26.0: the penalties read each request's output tokens from counts kept on the device across steps.
 
-    ``penalties._convert_to_tensors`` converts every request's whole output list and pins the result every step
-    (O(requests x length)); ``penalty_tokens.OutputTokenRows`` keeps the rows between steps and builds the same
-    array. Installed by the Kani Stage-0 model when it is built with ``KANI_STAGE0_SAMPLER_PATCHES`` on.
+    ``Sampler.apply_penalties`` pads, pins and copies every request's whole output list every sampled step
+    (O(requests x length) host work); ``penalty_counts`` sends only each list's new tokens and applies the same
+    penalties to the same counts. Installed by the Kani Stage-0 model when ``KANI_STAGE0_SAMPLER_PATCHES`` names it.
 
     Returns whether the patch is active.
     """
-    from vllm.v1.sample.ops import penalties
+    from vllm.v1.sample.sampler import Sampler
 
-    from vllm_omni_kani.model_executor.models.kani_tts.penalty_tokens import OutputTokenRows, convert_to_tensors_with
+    from vllm_omni_kani.model_executor.models.kani_tts.penalty_counts import with_counted_penalties
 
-    penalties._convert_to_tensors = convert_to_tensors_with(OutputTokenRows())
-    logger.info("penalty tokens: built incrementally")
+    Sampler.apply_penalties = staticmethod(with_counted_penalties(Sampler.apply_penalties))
+    logger.info("penalties: output-token counts kept on the device")
+
+
+_STAGE0_SAMPLER_PATCHES = {
+    "codebook1_noise": hash_seeded_codebook1_noise,
+    "penalty_counts": count_penalty_tokens_on_device,
+}
 
 
 def apply_stage0_sampling() -> list[str]:
-    """The sampler patches a Kani Stage-0 engine takes when ``KANI_STAGE0_SAMPLER_PATCHES`` is on (called from the
+    """The sampler patches a Kani Stage-0 engine takes, those ``KANI_STAGE0_SAMPLER_PATCHES`` names (called from the
     model's constructor, in its worker); returns the active ones."""
-    if not stage0_sampler_patches():
-        return []
-    return [fn.__name__ for fn in (hash_seeded_codebook1_noise, build_penalty_tokens_incrementally) if fn()]
+    chosen = stage0_sampler_patches()
+    return [fn.__name__ for name, fn in _STAGE0_SAMPLER_PATCHES.items() if name in chosen and fn()]
 
 
 def active() -> frozenset[str]:

@@ -38,6 +38,11 @@
 #            at 64 and 256 with them and without them; samplerorder: the step_time A/B as without, with, without;
 #            servedsampler: `served` with them; samplerspy: py-spy of the sampled step at batch 64 with them, then
 #            without them (their batch-64 cost is not located)
+#   abstep   the sampler patches A/B'd inside one engine (KANI_SAMPLER_AB_PERIOD_S: the patched path in even 2-s
+#            windows, vLLM's in odd ones, so the machine's drift cancels): the CUDA-only sampling tests, then the
+#            sampled step held at batch 64 and 256 with both patches; abeach: the same with penalty_counts alone, then
+#            codebook1_noise alone; abserved: `served` with both patches alternating (benchmarks/ab_windows.py on the
+#            server log: the served step per side)
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -169,7 +174,7 @@ for phase in "$@"; do
     samplerab)
       checkpoints
       step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
-        tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_tokens.py
+        tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_counts.py
       KANI_STAGE0_SAMPLER_PATCHES=1 sampled_steps stage0 omni "$CK/par"
       sampled_steps stage0-sampler-unpatched omni "$CK/par"
       cleanup
@@ -197,6 +202,29 @@ for phase in "$@"; do
       cleanup
       step_rates
       pack servedsampler ;;
+    abstep)
+      checkpoints
+      step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
+        tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_counts.py
+      ab_steps ab-both 1
+      cleanup
+      pack abstep ;;
+    abeach)
+      checkpoints
+      ab_steps ab-penalty-counts penalty_counts
+      ab_steps ab-codebook1-noise codebook1_noise
+      cleanup
+      pack abeach ;;
+    abserved)
+      checkpoints
+      export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
+      serve_sweeps 0 shipped-ab "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      unset KANI_STAGE0_SAMPLER_PATCHES KANI_SAMPLER_AB_PERIOD_S
+      cleanup
+      frames_check shipped-ab
+      python3 benchmarks/ab_windows.py "$R/serve-shipped-ab.log" --batches 64,256 --min-share 0.7 \
+        --json "$R/ab-served.json" | tee "$R/ab-served.md"
+      pack abserved ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints

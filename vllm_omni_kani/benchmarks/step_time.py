@@ -257,6 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="after timing, decode the largest batch for this long (logs 'soak: start' / 'soak: end') for a profiler",
     )
+    parser.add_argument(
+        "--soak-batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="soak each of these batches in turn (default: the largest of --batches); with KANI_SAMPLER_AB_PERIOD_S "
+        "the step meter's A/B windows of each are read by benchmarks/ab_windows.py",
+    )
     parser.add_argument("--soak-sampled", action="store_true", help="soak with the serving default sampling")
     parser.add_argument(
         "--torch-profile",
@@ -292,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.codes:
         result["codes"] = greedy_frames(generate)
     if args.soak_seconds > 0:
-        soak(generate, max(args.batches), args.soak_seconds, print, greedy=not args.soak_sampled)
+        for batch in args.soak_batches or [max(args.batches)]:
+            soak(generate, batch, args.soak_seconds, print, greedy=not args.soak_sampled)
     if args.torch_profile:
         dest = out / f"{label}-profile"
         modes = ["greedy", "sampled"] if args.sampled else ["greedy"]

@@ -9,7 +9,7 @@ step (``set_offset(offset - 4)`` in ``GPUModelRunner._bookkeeping_sync``) and th
 
 A seeded request's codebook-1 tokens are then a function of its seed and step alone, as its code heads' already
 are; they are not the tokens stock vLLM would draw for that seed. Unseeded rows keep vLLM's one batch draw.
-Experimental, off unless ``KANI_STAGE0_SAMPLER_PATCHES`` is on (``patch.apply_stage0_sampling``).
+Experimental, off unless ``KANI_STAGE0_SAMPLER_PATCHES`` names it (``patch.apply_stage0_sampling``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
+from vllm_omni_kani import sampler_ab
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
     CODEBOOK1_SALT,
     fused_kernel_available,
@@ -68,7 +69,7 @@ def with_hashed_seeded_noise(original: RandomSample) -> RandomSample:
     def random_sample(
         probs: torch.Tensor, generators: dict[int, torch.Generator], use_fp64_gumbel: bool = False
     ) -> torch.Tensor:
-        if applies(probs, generators, use_fp64_gumbel):
+        if sampler_ab.patched_now() and applies(probs, generators, use_fp64_gumbel):
             return hashed_random_sample(probs, generators, use_fp64_gumbel)
         return original(probs, generators, use_fp64_gumbel)
 

@@ -65,7 +65,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         # vLLM's sampler, in this process only and when asked for (KANI_STAGE0_SAMPLER_PATCHES): seeded codebook-1
-        # noise in one kernel, penalty tokens built incrementally.
+        # noise in one kernel, the penalties' output-token counts kept on the device.
         patch.apply_stage0_sampling()
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
