@@ -4,7 +4,7 @@
 
 Every line ``kani stage0 steps: ... ms per step, ... mean batch B ... (sampler patches on|off)`` is one window of one
 side. Windows are grouped by the nearest of ``--batches`` (on a log scale; one group without it), and within a group
-those whose mean batch is below ``--min-share`` of the group's largest (ramp-up, drain) are left out. Each window
+those whose mean batch is below ``--min-share`` of the group's median (ramp-up, drain) are left out. Each window
 on one side is paired with the next window of the other side, so slow drift of the machine cancels; the table gives
 each side's median step and the median and range of the paired ratios (patched / vLLM's path).
 """
@@ -41,8 +41,8 @@ def group(rows: list[tuple[float, float, bool]], batches: list[int]) -> dict[int
 
 def summarise(rows: list[tuple[float, float, bool]], min_share: float) -> dict[str, float | int] | None:
     """One group's sides and paired ratios; None when it lacks a pair."""
-    top = max(batch for _, batch, _ in rows)
-    kept = [row for row in rows if row[1] >= min_share * top]
+    typical = statistics.median(batch for _, batch, _ in rows)
+    kept = [row for row in rows if row[1] >= min_share * typical]
     ratios = []
     for first, second in itertools.pairwise(kept):
         if first[2] != second[2]:

@@ -36,7 +36,7 @@
 #   samplerab  the experimental Stage-0 sampler patches (KANI_STAGE0_SAMPLER_PATCHES: seeded codebook-1 noise
 #            hashed in one kernel, penalty tokens built incrementally): the CUDA-only sampling tests, then step_time
 #            at 64 and 256 with them and without them; samplerorder: the step_time A/B as without, with, without;
-#            servedsampler: `served` with them; samplerspy: py-spy of the sampled step at batch 64 with them, then
+#            servedsampler: `served` with them (SAMPLER=name,... for some), audio vs frames; samplerspy: py-spy of the sampled step at batch 64 with them, then
 #            without them (their batch-64 cost is not located)
 #   abstep   the sampler patches A/B'd inside one engine (KANI_SAMPLER_AB_PERIOD_S: the patched path in even 2-s
 #            windows, vLLM's in odd ones, so the machine's drift cancels): the CUDA-only sampling tests, then the
@@ -195,13 +195,16 @@ for phase in "$@"; do
       cleanup
       pack samplerspy ;;
     servedsampler)
+      # SAMPLER (default 1: all) names the patches, as KANI_STAGE0_SAMPLER_PATCHES does.
       checkpoints
-      export KANI_STAGE0_SAMPLER_PATCHES=1
-      serve_sweeps 0 shipped-sampler-patched "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      tag=shipped-sampler-$(echo "${SAMPLER:-1}" | tr ',_' '--')
+      export KANI_STAGE0_SAMPLER_PATCHES=${SAMPLER:-1}
+      serve_sweeps 0 "$tag" "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
       unset KANI_STAGE0_SAMPLER_PATCHES
       cleanup
+      frames_check "$tag"
       step_rates
-      pack servedsampler ;;
+      pack "servedsampler-${SAMPLER:-1}" ;;
     abstep)
       checkpoints
       step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
