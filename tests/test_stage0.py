@@ -92,20 +92,22 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(parallel_omni):
 
 
 def test_penalties_from_device_counts_give_the_same_frames(parallel_omni, tiny_parallel, monkeypatch, capfd):
-    """``KANI_STAGE0_SAMPLER_PATCHES=penalty_counts``: the penalties read output tokens counted on the device, and a
-    batch under strong repetition, frequency and presence penalties decodes the frames vLLM's own path decodes."""
+    """The penalties read output tokens counted on the device (``penalty_counts``, on by default), and a batch
+    under strong repetition, frequency and presence penalties decodes the frames vLLM's own path
+    (``KANI_STAGE0_SAMPLER_PATCHES=0``) decodes."""
     penalised = _params(temperature=0.0, repetition_penalty=1.8, frequency_penalty=0.5, presence_penalty=0.3)
-    want = [_frames(o) for o in _run(parallel_omni, PROMPTS, penalised)]
+    got = [_frames(o) for o in _run(parallel_omni, PROMPTS, penalised)]
     plain = [_frames(o) for o in _run(parallel_omni, PROMPTS, _params(temperature=0.0))]
-    assert any(not np.array_equal(w, p) for w, p in zip(want, plain, strict=True))  # the penalties bite
-    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "penalty_counts")
+    assert any(not np.array_equal(g, p) for g, p in zip(got, plain, strict=True))  # the penalties bite
+    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "0")
+    capfd.readouterr()
     omni = _omni(tiny_parallel)
     try:
-        got = [_frames(o) for o in _run(omni, PROMPTS, penalised)]
+        want = [_frames(o) for o in _run(omni, PROMPTS, penalised)]
     finally:
         omni.close()
     captured = capfd.readouterr()
-    assert "penalties: output-token counts kept on the device" in captured.out + captured.err
+    assert "penalties: output-token counts kept on the device" not in captured.out + captured.err
     for prompt, w, g in zip(PROMPTS, want, got, strict=True):
         np.testing.assert_array_equal(g, w, err_msg=f"prompt of {len(prompt)} tokens")
 

@@ -108,7 +108,13 @@ def test_the_patched_side_alternates_and_is_always_taken_without_a_period(monkey
 
 @pytest.mark.parametrize(
     ("value", "names"),
-    [("", set()), ("0", set()), ("1", {"codebook1_noise", "penalty_counts"}), ("penalty_counts", {"penalty_counts"})],
+    [
+        ("", {"penalty_counts"}),
+        ("1", {"penalty_counts"}),
+        ("0", set()),
+        ("off", set()),
+        ("penalty_counts", {"penalty_counts"}),
+    ],
 )
 def test_the_sampler_patches_are_chosen_by_name(monkeypatch, value, names):
     from vllm_omni_kani.envs import stage0_sampler_patches
@@ -121,5 +127,5 @@ def test_an_unknown_sampler_patch_is_named_with_the_valid_ones(monkeypatch):
     from vllm_omni_kani.envs import stage0_sampler_patches
 
     monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "penalty_counts,penalties")
-    with pytest.raises(ValueError, match=r"unknown penalties; expected 1 .* codebook1_noise, penalty_counts"):
+    with pytest.raises(ValueError, match=r"unknown penalties; expected 1 \(all\), 0 \(none\) or .* penalty_counts"):
         stage0_sampler_patches()

@@ -64,20 +64,21 @@ def step_stats_interval_s() -> float:
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
-# The patches a Kani Stage-0 process can take: seeded codebook-1 noise hashed in one kernel, and the penalties'
-# output-token counts kept on the device (``patch.apply_stage0_sampling``).
-SAMPLER_PATCH_NAMES = ("codebook1_noise", "penalty_counts")
-_FALSY = ("", "0", "false", "off", "no")
+# The patches a Kani Stage-0 process can take (``patch.apply_stage0_sampling``): the penalties' output-token counts
+# kept on the device.
+SAMPLER_PATCH_NAMES = ("penalty_counts",)
+_FALSY = ("0", "false", "off", "no")
 
 
 def stage0_sampler_patches() -> frozenset[str]:
-    """The experimental sampler patches a Kani Stage-0 process takes: ``KANI_STAGE0_SAMPLER_PATCHES`` is on (all of
-    ``SAMPLER_PATCH_NAMES``) or a comma-separated list of them; off by default until a GPU A/B shows them faster at
-    every batch (docs/BENCHMARKS.md, "Eleventh set" and "Twelfth set").
+    """The sampler patches a Kani Stage-0 process takes: all of ``SAMPLER_PATCH_NAMES`` when
+    ``KANI_STAGE0_SAMPLER_PATCHES`` is unset or on, none when it is off (0), else the comma-separated names it lists.
+    On by default since an A/B on an H200 found them faster and every request's audio whole (docs/BENCHMARKS.md,
+    "Twelfth set").
 
     Raises ValueError naming the valid names for a name that is not one."""
     raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
-    if raw in TRUTHY:
+    if not raw or raw in TRUTHY:
         return frozenset(SAMPLER_PATCH_NAMES)
     if raw in _FALSY:
         return frozenset()
@@ -85,7 +86,7 @@ def stage0_sampler_patches() -> frozenset[str]:
     unknown = sorted(names - set(SAMPLER_PATCH_NAMES))
     if unknown:
         raise ValueError(
-            f"{KANI_STAGE0_SAMPLER_PATCHES}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all) or a "
+            f"{KANI_STAGE0_SAMPLER_PATCHES}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all), 0 (none) or a "
             f"comma-separated list of {', '.join(SAMPLER_PATCH_NAMES)}"
         )
     return frozenset(names)

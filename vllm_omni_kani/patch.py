@@ -608,32 +608,13 @@ def _vllm_0_26() -> bool:
 
 
 @_patch(_vllm_0_26)
-def hash_seeded_codebook1_noise() -> bool | None:
-    """vllm 0.26.0: on CUDA, codebook 1's noise for seeded requests from one hashing kernel, not one draw each.
-
-    ``topk_topp_sampler.random_sample`` draws each seeded row's noise from its generator in a Python loop, one
-    launch per request per step; ``codebook1_noise`` hashes (seed, generator position) instead, as the code heads
-    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when it is built with
-    ``KANI_STAGE0_SAMPLER_PATCHES`` on, so only a process serving it samples this way; other calls (unseeded, CPU,
-    float64 noise) go to vLLM's function.
-
-    Returns whether the patch is active.
-    """
-    from vllm.v1.sample.ops import topk_topp_sampler as ops
-
-    from vllm_omni_kani.model_executor.models.kani_tts.codebook1_noise import with_hashed_seeded_noise
-
-    ops.random_sample = with_hashed_seeded_noise(ops.random_sample)
-    logger.info("seeded codebook-1 noise: hashed in one kernel on CUDA")
-
-
-@_patch(_vllm_0_26)
 def count_penalty_tokens_on_device() -> bool | None:
     """vllm 0.26.0: the penalties read each request's output tokens from counts kept on the device across steps.
 
     ``Sampler.apply_penalties`` pads, pins and copies every request's whole output list every sampled step
     (O(requests x length) host work); ``penalty_counts`` sends only each list's new tokens and applies the same
-    penalties to the same counts. Installed by the Kani Stage-0 model when ``KANI_STAGE0_SAMPLER_PATCHES`` names it.
+    penalties to the same counts. Installed by the Kani Stage-0 model unless ``KANI_STAGE0_SAMPLER_PATCHES`` leaves
+    it out (on by default).
 
     Returns whether the patch is active.
     """
@@ -645,10 +626,7 @@ def count_penalty_tokens_on_device() -> bool | None:
     logger.info("penalties: output-token counts kept on the device")
 
 
-_STAGE0_SAMPLER_PATCHES = {
-    "codebook1_noise": hash_seeded_codebook1_noise,
-    "penalty_counts": count_penalty_tokens_on_device,
-}
+_STAGE0_SAMPLER_PATCHES = {"penalty_counts": count_penalty_tokens_on_device}
 
 
 def apply_stage0_sampling() -> list[str]:
@@ -656,11 +634,6 @@ def apply_stage0_sampling() -> list[str]:
     model's constructor, in its worker); returns the active ones."""
     chosen = stage0_sampler_patches()
     return [fn.__name__ for name, fn in _STAGE0_SAMPLER_PATCHES.items() if name in chosen and fn()]
-
-
-def active() -> frozenset[str]:
-    """Names of the patches applied in this process."""
-    return frozenset(_applied)
 
 
 def apply_all() -> list[str]:

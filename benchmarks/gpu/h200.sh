@@ -33,16 +33,12 @@
 #   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
 #            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
 #            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
-#   samplerab  the experimental Stage-0 sampler patches (KANI_STAGE0_SAMPLER_PATCHES: seeded codebook-1 noise
-#            hashed in one kernel, penalty tokens built incrementally): the CUDA-only sampling tests, then step_time
-#            at 64 and 256 with them and without them; samplerorder: the step_time A/B as without, with, without;
-#            servedsampler: `served` with them (SAMPLER=name,... for some), audio vs frames; samplerspy: py-spy of the sampled step at batch 64 with them, then
-#            without them (their batch-64 cost is not located)
-#   abstep   the sampler patches A/B'd inside one engine (KANI_SAMPLER_AB_PERIOD_S: the patched path in even 2-s
-#            windows, vLLM's in odd ones, so the machine's drift cancels): the CUDA-only sampling tests, then the
-#            sampled step held at batch 64 and 256 with both patches; abeach: the same with penalty_counts alone, then
-#            codebook1_noise alone; abserved: `served` with both patches alternating (benchmarks/ab_windows.py on the
-#            server log: the served step per side)
+#   abstep   the Stage-0 sampler patches (KANI_STAGE0_SAMPLER_PATCHES, on by default) A/B'd inside one engine
+#            (KANI_SAMPLER_AB_PERIOD_S: the patched path in even 2-s windows, vLLM's in odd ones, so the machine's drift
+#            cancels): the CUDA-only sampling tests, then the sampled step held at batch 64 and 256; abserved: `served`
+#            with the patches alternating (benchmarks/ab_windows.py on the server log: the served step per side);
+#            servedsampler: `served` with KANI_STAGE0_SAMPLER_PATCHES=$SAMPLER (default 0: vLLM's own sampler path),
+#            audio vs frames
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -171,53 +167,24 @@ for phase in "$@"; do
       KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5} sampled_steps "stage0-gil${GIL_MS:-0.5}" omni "$CK/par"
       cleanup
       pack samplergil ;;
-    samplerab)
-      checkpoints
-      step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
-        tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_counts.py
-      KANI_STAGE0_SAMPLER_PATCHES=1 sampled_steps stage0 omni "$CK/par"
-      sampled_steps stage0-sampler-unpatched omni "$CK/par"
-      cleanup
-      pack samplerab ;;
-    samplerorder)
-      # The same A/B as samplerab in the order unpatched, patched, unpatched (a fresh machine's first engine start is
-      # the slowest, and the first step_time of a call ran slower than the later ones).
-      checkpoints
-      sampled_steps stage0-sampler-unpatched-1 omni "$CK/par"
-      KANI_STAGE0_SAMPLER_PATCHES=1 sampled_steps stage0-sampler-patched omni "$CK/par"
-      sampled_steps stage0-sampler-unpatched-2 omni "$CK/par"
-      cleanup
-      pack samplerorder ;;
-    samplerspy)
-      checkpoints
-      KANI_STAGE0_SAMPLER_PATCHES=1 spy_step stage0-sampled-64-patched omni "$CK/par" --soak-sampled 64
-      spy_step stage0-sampled-64-unpatched omni "$CK/par" --soak-sampled 64
-      cleanup
-      pack samplerspy ;;
     servedsampler)
-      # SAMPLER (default 1: all) names the patches, as KANI_STAGE0_SAMPLER_PATCHES does.
+      # SAMPLER (default 0: none) names the patches, as KANI_STAGE0_SAMPLER_PATCHES does.
       checkpoints
-      tag=shipped-sampler-$(echo "${SAMPLER:-1}" | tr ',_' '--')
-      export KANI_STAGE0_SAMPLER_PATCHES=${SAMPLER:-1}
+      tag=shipped-sampler-$(echo "${SAMPLER:-0}" | tr ',_' '--')
+      export KANI_STAGE0_SAMPLER_PATCHES=${SAMPLER:-0}
       serve_sweeps 0 "$tag" "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
       unset KANI_STAGE0_SAMPLER_PATCHES
       cleanup
       frames_check "$tag"
       step_rates
-      pack "servedsampler-${SAMPLER:-1}" ;;
+      pack "servedsampler-${SAMPLER:-0}" ;;
     abstep)
       checkpoints
-      step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py \
+      step cuda-sampling-tests 180 python3 -m pytest -q -p no:cacheprovider \
         tests/test_seeded_noise.py tests/test_code_sampler.py tests/test_penalty_counts.py
-      ab_steps ab-both 1
+      ab_steps ab-penalty-counts 1
       cleanup
       pack abstep ;;
-    abeach)
-      checkpoints
-      ab_steps ab-penalty-counts penalty_counts
-      ab_steps ab-codebook1-noise codebook1_noise
-      cleanup
-      pack abeach ;;
     abserved)
       checkpoints
       export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}

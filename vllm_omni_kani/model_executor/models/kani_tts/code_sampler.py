@@ -88,8 +88,7 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
     A compile in a step stalls every stream for seconds on a fresh machine (py-spy of the first sampled steps at
     batch 256, docs/BENCHMARKS.md "Tenth set"); Triton then keeps the kernels on disk. vLLM's own sampler warm-up
     covers its vocabulary only, and with top-k and top-p both on. Covered here: vLLM's top-k/top-p kernel at the
-    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel (codebook 1's
-    own variant, at the vocabulary's width, is ``codebook1_noise.warm_up_kernel``).
+    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel.
     """
     if device.type != "cuda":
         return

@@ -36,7 +36,6 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
-from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
@@ -64,8 +63,8 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        # vLLM's sampler, in this process only and when asked for (KANI_STAGE0_SAMPLER_PATCHES): seeded codebook-1
-        # noise in one kernel, the penalties' output-token counts kept on the device.
+        # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES, on by default): the penalties'
+        # output-token counts kept on the device.
         patch.apply_stage0_sampling()
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
@@ -116,12 +115,6 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        loaded = self._load_backbone_weights(weights)
-        if patch.hash_seeded_codebook1_noise.__name__ in patch.active():
-            codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
-        return loaded
-
-    def _load_backbone_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         if self.kani_tts2 is None:
             return super().load_weights(weights)
         names = self.kani_tts2.weight_names()

@@ -14,7 +14,7 @@ reference to the list, so its address is never another list's while the row live
 are freed at that step. vLLM may rewrite the end of a list (async scheduling's -1 placeholders get their tokens, a
 step's tokens are trimmed): the last ``REWRITABLE_TAIL`` counted tokens are compared every step and a row whose tail
 changed, or that got shorter, is counted again from zero. Placeholders are not counted (vLLM pads them out).
-Experimental, off unless ``KANI_STAGE0_SAMPLER_PATCHES`` names it (``patch.apply_stage0_sampling``).
+Installed by a Kani Stage-0 process (``patch.apply_stage0_sampling``) unless ``KANI_STAGE0_SAMPLER_PATCHES=0``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Exp(1) noise for seeded requests: a counter-based hash of each request's seed and generator position.
 
-Used for the code heads, and on CUDA for codebook 1 too (``codebook1_noise``), each under its own salt so the two
-draws of one step are independent.
+Used for the code heads; a ``salt`` keys one use apart from any other hash of the same seed and position.
 
 The same seed at the same position gives the same noise row in any batch, and a new position gives fresh noise, so
 a seeded request's codes do not depend on which other requests share its step. The hash is integer arithmetic: every
@@ -33,7 +32,6 @@ except ImportError:  # pragma: no cover - every supported install has Triton
 # the same bits); only the low 32 bits of each product are kept.
 MASK32 = 0xFFFFFFFF
 SALT = 0x6B43A9B5  # the code heads' noise: keys it apart from any other hash of the same seed and position
-CODEBOOK1_SALT = 0x2C1B3C6D  # codebook 1's noise (vLLM's sampler, ``codebook1_noise``)
 _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
 _UNIFORM_BITS = 24  # a float32 holds 24-bit integers exactly: uniforms are (top 24 bits + 0.5) / 2**24, in (0, 1)
 _BLOCK = 1024  # columns per Triton program
