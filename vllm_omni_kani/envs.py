@@ -50,17 +50,22 @@ def gil_switch_interval_s() -> float | None:
     return value / 1000.0
 
 
+def _seconds(name: str) -> float:
+    """The variable ``name`` as a number of seconds, 0 when unset or negative; ValueError naming it otherwise."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else 0.0
+    except ValueError as exc:
+        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from exc
+    return max(value, 0.0)
+
+
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
 
 
 def step_stats_interval_s() -> float:
     """``KANI_STEP_STATS_S``: log Stage 0's step rate every this many seconds (0 or unset: off)."""
-    raw = os.environ.get(KANI_STEP_STATS_S, "").strip()
-    try:
-        value = float(raw) if raw else 0.0
-    except ValueError as exc:
-        raise ValueError(f"{KANI_STEP_STATS_S}={raw!r}: expected a number of seconds") from exc
-    return max(value, 0.0)
+    return _seconds(KANI_STEP_STATS_S)
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
@@ -98,9 +103,4 @@ KANI_SAMPLER_AB_PERIOD_S = "KANI_SAMPLER_AB_PERIOD_S"
 def sampler_ab_period_s() -> float:
     """``KANI_SAMPLER_AB_PERIOD_S``: the sampler patches alternate with vLLM's path in windows of this many seconds
     (``sampler_ab``); 0 or unset: no alternation."""
-    raw = os.environ.get(KANI_SAMPLER_AB_PERIOD_S, "").strip()
-    try:
-        value = float(raw) if raw else 0.0
-    except ValueError as exc:
-        raise ValueError(f"{KANI_SAMPLER_AB_PERIOD_S}={raw!r}: expected a number of seconds") from exc
-    return max(value, 0.0)
+    return _seconds(KANI_SAMPLER_AB_PERIOD_S)
