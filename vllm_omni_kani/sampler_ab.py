@@ -24,9 +24,10 @@ def period_s() -> float:
     return _period
 
 
-def window(now: float | None = None) -> int:
-    """The index of the window holding ``now`` (``time.monotonic()`` seconds); 0 without alternation."""
-    period = period_s()
+def window(now: float | None = None, period: float | None = None) -> int:
+    """The index of the window holding ``now`` (``time.monotonic()`` seconds) for windows of ``period`` seconds (this
+    process's, unless given); 0 without alternation."""
+    period = period_s() if period is None else period
     if period <= 0:
         return 0
     return int((time.monotonic() if now is None else now) // period)

@@ -64,7 +64,7 @@ class StepMeter:
         return line
 
     def _tick_ab(self, rows: int, now: float) -> str | None:
-        window = int(now // self.ab_period_s)
+        window = sampler_ab.window(now, self.ab_period_s)
         if window == self._window and now - self._last <= self.ab_period_s:
             self._last = now
             self._periods += 1
