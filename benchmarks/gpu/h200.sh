@@ -45,6 +45,8 @@
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes
 #   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
 #            (max_split_size_mb 20), lifted around the capture as the codec stage does and not
+#   lmreplicas  kani_tts_lm_replicas.yaml (two Stage-0 engines beside one codec on GPU 0; LM_REPLICAS=3 for three)
+#            at 64 and 256 streams of 250 frames, audio vs frames; send after `served` for the one-engine reference
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 source "$(dirname "$0")/lib.sh"
@@ -154,6 +156,22 @@ for phase in "$@"; do
       frames_check shipped
       step_rates
       pack served ;;
+    lmreplicas)
+      checkpoints
+      yaml=stage_configs/kani_tts_lm_replicas.yaml
+      tag=lm-replicas-${LM_REPLICAS:-2}
+      if [ "${LM_REPLICAS:-2}" != 2 ]; then
+        # Written next to the shipped files, so its base_config resolves.
+        devs=$(python3 -c "print(','.join(['0'] * ${LM_REPLICAS}))")
+        python3 -m vllm_omni_kani.benchmarks.variants $yaml "stage_configs/kani_tts_$tag.yaml" \
+          stages.0.num_replicas="$LM_REPLICAS" stages.0.devices="'$devs'" > /dev/null
+        yaml="stage_configs/kani_tts_$tag.yaml"
+      fi
+      serve_sweeps 0 "$tag" "$CK/par" "$yaml" 480 250:64,256
+      cleanup
+      frames_check "$tag"
+      step_rates
+      pack "$tag" ;;
     servedgil)
       checkpoints
       export KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5}
