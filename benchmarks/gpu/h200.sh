@@ -42,7 +42,8 @@
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
-#            the codec's kernels can share the GPU at once instead of time-slicing between their processes
+#            the codec's kernels can share the GPU at once instead of time-slicing between their processes;
+#            MPS_YAML=stage_configs/kani_tts_lm_replicas.yaml serves that file instead (250-frame requests only)
 #   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
 #            (max_split_size_mb 20), lifted around the capture as the codec stage does and not
 #   lmreplicas  kani_tts_lm_replicas.yaml (two Stage-0 engines beside one codec on GPU 0; LM_REPLICAS=3 for three)
@@ -233,7 +234,12 @@ for phase in "$@"; do
         export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         nvidia-cuda-mps-control -d && echo "MPS daemon started"
-        serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 420 64:256 250:64,256
+        if [ -n "${MPS_YAML:-}" ]; then
+          serve_sweeps 0 "mps-$(basename "$MPS_YAML" .yaml)" "$CK/par" "$MPS_YAML" 480 250:64,256
+          frames_check "mps-$(basename "$MPS_YAML" .yaml)"
+        else
+          serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 420 64:256 250:64,256
+        fi
         cleanup
         echo quit | nvidia-cuda-mps-control
         cp -r "$CUDA_MPS_LOG_DIRECTORY" "$R/mps-log" 2>/dev/null
