@@ -1,0 +1,56 @@
+"""Every shipped deploy YAML resolves through vLLM-Omni's own loader, and the replica layouts place what they say.
+
+The GPU files cannot be served on CPU CI, so a broken ``base_config`` chain, a stage that does not parse or a device
+list that does not split into replicas would only show on a GPU machine. vLLM-Omni's ``load_deploy_config`` (the
+one ``vllm serve --omni --deploy-config`` uses) and ``split_devices_for_replicas`` (what the stage launcher hands
+each replica) read them here exactly as they do there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from vllm_omni.config.stage_config import load_deploy_config, resolve_deploy_yaml
+from vllm_omni.engine.stage_init_utils import split_devices_for_replicas
+
+from tests.server_utils import STAGE_CONFIGS
+from vllm_omni_kani.model_executor.models.kani_tts.pipeline import LM_ONLY_PIPELINE_KEY, PIPELINE_KEY
+
+DEPLOY_FILES = sorted(STAGE_CONFIGS.glob("*.yaml"))
+
+
+def _stage(path: Path, stage_id: int):
+    return next(s for s in load_deploy_config(path).stages if s.stage_id == stage_id)
+
+
+def _replica_devices(path: Path, stage_id: int) -> list[str]:
+    stage = _stage(path, stage_id)
+    return split_devices_for_replicas(stage.devices, stage.num_replicas, 1, stage_id)
+
+
+@pytest.mark.parametrize("path", DEPLOY_FILES, ids=[p.name for p in DEPLOY_FILES])
+def test_every_deploy_file_loads_as_a_kani_pipeline(path):
+    config = load_deploy_config(path)
+    stage_ids = {PIPELINE_KEY: {0, 1}, LM_ONLY_PIPELINE_KEY: {0}}[config.pipeline]
+    assert {s.stage_id for s in config.stages} == stage_ids
+    for stage in config.stages:
+        if stage.num_replicas > 1:  # one device list entry per replica (a single engine may leave it unset)
+            assert len(_replica_devices(path, stage.stage_id)) == stage.num_replicas
+
+
+def test_lm_replicas_runs_two_stage0_engines_and_one_codec_on_gpu_0():
+    path = STAGE_CONFIGS / "kani_tts_lm_replicas.yaml"
+    assert _replica_devices(path, 0) == ["0", "0"]
+    assert _stage(path, 1).num_replicas == 1 and _stage(path, 1).devices == "0"
+
+
+def test_lm_replicas_changes_nothing_else_of_the_shipped_file():
+    """The measured difference (docs/BENCHMARKS.md, thirteenth set) is the replica count alone."""
+    shipped = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts.yaml")
+    replicas = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts_lm_replicas.yaml")
+    stage0 = dict(replicas["stages"][0])
+    assert (stage0.pop("num_replicas"), stage0.pop("devices")) == (2, "0,0")
+    assert stage0 == {k: v for k, v in shipped["stages"][0].items() if k != "devices"}
+    assert replicas["stages"][1] == shipped["stages"][1]
+    assert {k: v for k, v in replicas.items() if k != "stages"} == {k: v for k, v in shipped.items() if k != "stages"}
