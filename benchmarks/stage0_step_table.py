@@ -20,6 +20,8 @@ from pathlib import Path
 CATEGORIES = (
     ("idle, no request in the engine", "_process_input_queue (vllm/v1/engine/core.py:1384)"),
     ("vLLM's penalties", "apply_penalties (vllm/v1/sample/sampler.py"),
+    ("the penalties from device counts (`penalty_counts`)", "apply_penalties (vllm_omni_kani/"),
+    ("zeroing new KV blocks (`_zero_block_ids`)", "_zero_block_ids (vllm/v1/worker/gpu_model_runner.py"),
     (
         "vLLM's codebook-1 noise, one draw per seeded generator",
         "random_sample (vllm/v1/sample/ops/topk_topp_sampler.py",
@@ -49,12 +51,19 @@ def read_raw(path: Path) -> list[tuple[list[str], int]]:
     return rows
 
 
+def unqualified(frame: str) -> str:
+    """``Class.method (file:line)`` (py-spy 0.4.3 names the class) as ``method (file:line)`` (as py-spy 0.4.1 did)."""
+    name, sep, where = frame.partition(" (")
+    return name.rsplit(".", 1)[-1] + sep + where
+
+
 def main_thread_shares(rows: list[tuple[list[str], int]]) -> collections.Counter[str]:
     """Samples per category of the main thread's stacks."""
     counts: collections.Counter[str] = collections.Counter()
     for frames, count in rows:
         if not frames[0].startswith("<module>"):
             continue
+        frames = [unqualified(f) for f in frames]
         row = next((name for name, prefix in CATEGORIES if any(f.startswith(prefix) for f in frames)), OTHER)
         counts[row] += count
     return counts
