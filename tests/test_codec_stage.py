@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniConfigError
+from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import TRIGGER, KernelTrace
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import RECEPTIVE_FIELD_FRAMES, load_codec
 from vllm_omni_kani.model_executor.models.kani_tts.token_layout import CODEBOOK_SIZE
 
@@ -196,3 +197,17 @@ def test_cpu_audio_is_handed_over_as_it_is():
 
     audio = [torch.randn(SPF), torch.empty(0)]
     assert all(got is want for got, want in zip(audio_to_host(audio), audio, strict=True))
+
+
+def test_a_kernel_trace_window_records_the_codec_step(stage, tmp_path):
+    """``KANI_KERNEL_TRACE``'s hook: the codec's forward opens the window at the trigger and the next step closes it."""
+    (tmp_path / TRIGGER).touch()
+    stage.kernel_trace = KernelTrace("stage1", folder=str(tmp_path), seconds=0.0)
+    try:
+        run(stage, [payload(codes(12, 5), torch.tensor(0))])  # opens, then decodes inside the window
+        run(stage, [payload(codes(12, 6), torch.tensor(0))])  # closes
+    finally:
+        stage.kernel_trace = KernelTrace("stage1", folder="")
+    (path,) = tmp_path.glob("stage1-*.json")
+    names = {event["name"] for event in json.loads(path.read_text())["traceEvents"] if event.get("cat") == "cpu_op"}
+    assert any("conv" in name for name in names), sorted(names)[:40]

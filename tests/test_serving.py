@@ -28,6 +28,7 @@ from tests.conftest import REPO_ROOT
 from tests.server_utils import wait_for
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_INPUT_CHARS, MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
+from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniTTSSettings
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import (
@@ -328,8 +329,15 @@ OPTIONS_ENV = {
 
 
 @pytest.fixture(scope="module")
-def flat_server(omni_server, tiny_flattened):
-    return omni_server(tiny_flattened, DEPLOY, env=OPTIONS_ENV)
+def kernel_trace_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel-trace")
+
+
+@pytest.fixture(scope="module")
+def flat_server(omni_server, tiny_flattened, kernel_trace_dir):
+    # Every engine process of this server watches kernel_trace_dir for KANI_KERNEL_TRACE's trigger.
+    env = {**OPTIONS_ENV, KANI_KERNEL_TRACE: str(kernel_trace_dir), KANI_KERNEL_TRACE_S: "0.3"}
+    return omni_server(tiny_flattened, DEPLOY, env=env)
 
 
 def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
@@ -348,3 +356,28 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
     assert steps and all(float(ms) > 0 and float(batch) >= 1 for ms, batch in steps), log[-3000:]
     # The meter's windows are the A/B windows, each naming its side.
     assert re.search(r"over [\d.]+ s \(sampler patches (on|off)\)", log), log[-3000:]
+
+
+def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, kernel_trace_dir):
+    """``KANI_KERNEL_TRACE``: the trigger file opens one window in Stage 0's and in the codec's engine process, each
+    writes its own trace, and ``benchmarks/kernel_share.py`` summarises them (CPU ops here; kernels on a GPU)."""
+    (kernel_trace_dir / "start").touch()
+    body = {"input": TEXT, "max_new_tokens": 4 * 12, "temperature": 0.0}
+
+    def both_written() -> bool:
+        speech(flat_server, **body)  # steps open, fill and close each engine's window
+        return all(list(kernel_trace_dir.glob(f"{stage}-*.json")) for stage in ("stage0", "stage1"))
+
+    wait_for(both_written, timeout_s=240)
+    spec = importlib.util.spec_from_file_location("kernel_share", REPO_ROOT / "benchmarks" / "kernel_share.py")
+    kernel_share = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel_share)
+    summary = kernel_share.summarise(kernel_trace_dir, ("cpu_op",), top=200)
+    names = {row["trace"].split("-")[0]: {t["name"] for t in row["top"]} for row in summary["traces"]}
+    assert set(names) == {"stage0", "stage1"}, summary
+    # The LM's matmuls and attention (vLLM's CPU kernels here: _C::onednn_mm, _C::cpu_attention_with_kv_cache).
+    assert any(name.endswith("mm") for name in names["stage0"]), sorted(names["stage0"])
+    assert any("attention" in name for name in names["stage0"]), sorted(names["stage0"])
+    assert any("conv" in name for name in names["stage1"]), sorted(names["stage1"])
+    log = flat_server.log_text()
+    assert "Kani kernel trace: stage0" in log and "Kani kernel trace: stage1" in log, log[-3000:]

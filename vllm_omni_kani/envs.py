@@ -104,3 +104,19 @@ def sampler_ab_period_s() -> float:
     """``KANI_SAMPLER_AB_PERIOD_S``: the sampler patches alternate with vLLM's path in windows of this many seconds
     (``sampler_ab``); 0 or unset: no alternation."""
     return _seconds(KANI_SAMPLER_AB_PERIOD_S)
+
+
+KANI_KERNEL_TRACE = "KANI_KERNEL_TRACE"
+KANI_KERNEL_TRACE_S = "KANI_KERNEL_TRACE_S"
+KERNEL_TRACE_DEFAULT_S = 2.0
+
+
+def kernel_trace_dir() -> str:
+    """``KANI_KERNEL_TRACE``: the folder whose ``start`` file opens one torch-profiler window in every engine process
+    (``kernel_trace``); empty when unset."""
+    return os.environ.get(KANI_KERNEL_TRACE, "").strip()
+
+
+def kernel_trace_seconds() -> float:
+    """``KANI_KERNEL_TRACE_S``: the window's length (default ``KERNEL_TRACE_DEFAULT_S``)."""
+    return _seconds(KANI_KERNEL_TRACE_S) or KERNEL_TRACE_DEFAULT_S

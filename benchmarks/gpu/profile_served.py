@@ -9,6 +9,11 @@ non-blocking py-spy profile of the API server and of each stage's engine core (a
 all threads with idle samples kept: where a thread waits), and the GPU's utilisation every 500 ms (nvidia-smi).
 A single-threaded Python process at ~100% CPU (or a GIL held ~100% of the time) is the wall the GPUs wait on.
 Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files beside it.
+
+With ``--kernel-trace-s S`` it records the GPU instead of stacks: the server runs with ``KANI_KERNEL_TRACE``, and
+after DELAY every engine process (each Stage-0 replica, the codec) traces S seconds of its GPU activity at once
+(``kernel_trace.py``); ``benchmarks/kernel_share.py``'s summary of those traces (GPU time per process, the union over
+all, the heaviest kernels) goes into the JSON as ``kernels``. py-spy is not attached then.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.util
 import json
 import re
 import shutil
@@ -28,6 +34,18 @@ import psutil
 
 from vllm_omni_kani.benchmarks import bench_tts
 from vllm_omni_kani.benchmarks.server import serving
+from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S
+from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import TRIGGER
+
+KERNEL_SHARE = Path(__file__).resolve().parents[1] / "kernel_share.py"
+
+
+def kernel_share_module():
+    """``benchmarks/kernel_share.py`` (a script beside this one, not a package module)."""
+    spec = importlib.util.spec_from_file_location("kernel_share", KERNEL_SHARE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def server_tree(root: int) -> list[psutil.Process]:
@@ -82,11 +100,17 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=20.0, help="seconds of load before measuring")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--kernel-trace-s", type=float, default=0.0, help="trace the GPU this long instead of py-spy")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    py_spy = shutil.which("py-spy")
-    with serving(args.ckpt, args.deploy_config, out / f"serve-profile-{args.label}.log") as server:
+    traces = out / f"kernel-trace-{args.label}"
+    env = {}
+    if args.kernel_trace_s > 0:
+        traces.mkdir(exist_ok=True)
+        env = {KANI_KERNEL_TRACE: str(traces), KANI_KERNEL_TRACE_S: str(args.kernel_trace_s)}
+    py_spy = shutil.which("py-spy") if not env else None
+    with serving(args.ckpt, args.deploy_config, out / f"serve-profile-{args.label}.log", env=env) as server:
         argv = ["--url", server.url, "--model", args.ckpt, "--label", f"profile-load-{args.label}"]
         argv += ["--max-new-frames", str(args.frames), "--concurrency", str(args.streams)]
         argv += ["--requests", str(args.streams * 3), "--warmup", "0", "--out", str(out)]
@@ -130,6 +154,8 @@ def main() -> None:
                     stderr=subprocess.DEVNULL,
                 )
             )
+        if env:
+            (traces / TRIGGER).touch()
         before, t0 = snapshot(procs), time.monotonic()
         time.sleep(args.seconds)
         after, wall = snapshot(procs), time.monotonic() - t0
@@ -162,6 +188,14 @@ def main() -> None:
         if busy_pct:
             result["gpu_util_pct"] = {"mean": round(sum(busy_pct) / len(busy_pct), 1), "samples": len(busy_pct)}
             print(f"GPU utilisation mean {result['gpu_util_pct']['mean']}% over {len(busy_pct)} samples", flush=True)
+    if env:
+        kernels = kernel_share_module().summarise(traces, kernel_share_module().GPU_CATEGORIES)
+        result["kernels"] = kernels
+        for row in kernels["traces"]:
+            if row["events"]:
+                print(f"kernels {row['trace']}: {row['busy_ms']:.1f} ms of {row['window_ms']:.1f} ms", flush=True)
+        if "all" in kernels:
+            print(f"kernels, all processes: {kernels['all']}", flush=True)
     path = out / f"profile-{args.label}.json"
     path.write_text(json.dumps(result, indent=1))
     for row in rows:

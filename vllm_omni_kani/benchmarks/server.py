@@ -112,8 +112,14 @@ class Server:
 
 
 @contextlib.contextmanager
-def serving(ckpt: str, deploy_config: str, log_path: Path, extra_args: Sequence[str] = ()) -> Iterator[Server]:
-    server = Server(ckpt, deploy_config, log_path, extra_args)
+def serving(
+    ckpt: str,
+    deploy_config: str,
+    log_path: Path,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    server = Server(ckpt, deploy_config, log_path, extra_args, env)
     try:
         server.start()
         yield server

@@ -38,6 +38,7 @@ from vllm_omni.model_executor.models.output_templates import OmniOutput
 from vllm_omni_kani.envs import trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY, additional_config
+from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import (
     NanoCodecDecoder,
     check_matches_stage0,
@@ -154,6 +155,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         # The state pool exists now, like the weights, so the memory profiler sees it.
         self.streams = self._make_streams() if self.chunk_policy.stateful else None
         self._trace = trace_chunks()
+        self.kernel_trace = KernelTrace("stage1")
 
     def _make_streams(self) -> CodecStreams:
         config = additional_config(self.vllm_config)
@@ -296,6 +298,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         **kwargs: Any,
     ) -> OmniOutput:
         """Decode every scheduled request's window; one 1-D float32 waveform per request, batch order."""
+        self.kernel_trace.tick()
         infos = runtime_additional_information or []
         counts = kwargs.get("seq_token_counts")
         if counts is not None:

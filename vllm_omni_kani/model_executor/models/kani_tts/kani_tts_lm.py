@@ -40,6 +40,7 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
+from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 from vllm_omni_kani.model_executor.models.kani_tts.step_meter import StepMeter
@@ -72,6 +73,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         self.use_async_omni_output = bool(additional_config(vllm_config).get("kani_async_omni_output", False))
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
         self.step_meter = StepMeter()
+        self.kernel_trace = KernelTrace("stage0")
         frame_level = FrameLevelSettings.from_hf_config(self.config)
         self.kani_tts2 = None
         if frame_level is not None:
@@ -112,6 +114,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     def compute_logits(self, hidden_states: torch.Tensor, sampling_metadata: Any = None) -> torch.Tensor:
         logits = super().compute_logits(hidden_states)
         self.step_meter.tick(logits.shape[0])
+        self.kernel_trace.tick()
         return self.speech_mask.apply(logits, self._row_phase[: logits.shape[0]])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
