@@ -32,7 +32,8 @@
 #            servedoff: the same with the API server's patches off (KANI_DISABLE_PATCHES), to measure them
 #   servedkernels  2 s (KERNEL_TRACE_S) of every engine process's GPU activity at once while 256 streams of 250 frames
 #            are served (KANI_KERNEL_TRACE, profile_served.py --kernel-trace-s), kani_tts.yaml then
-#            kani_tts_lm_replicas.yaml: GPU time per process, their union, the heaviest kernels (kernel_share.py)
+#            kani_tts_lm_replicas.yaml (KERNEL_YAMLS names others): GPU time per process, their union, the heaviest
+#            kernels (kernel_share.py)
 #   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
 #            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
 #            release while the connector's threads hold it? samplergil: sampler's step_time with that interval
@@ -180,8 +181,8 @@ for phase in "$@"; do
       # 2 s of every engine process's GPU activity at once (KANI_KERNEL_TRACE), 256 streams of 250 frames, under the
       # shipped file and under two Stage-0 engines: GPU time per process, the union, the heaviest kernels.
       checkpoints
-      for y in kani_tts kani_tts_lm_replicas; do
-        step "kernels-$y" 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+      for y in ${KERNEL_YAMLS:-kani_tts kani_tts_lm_replicas}; do
+        step "kernels-$y" "${KERNEL_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
           --deploy-config "stage_configs/$y.yaml" --out "$R/kernels" --label "$y" --frames 250 --streams 256 \
           --delay 10 --seconds 5 --kernel-trace-s "${KERNEL_TRACE_S:-2}"
         cleanup
