@@ -9,11 +9,14 @@ import os
 
 import pytest
 import torch
+from vllm.v1.sample.ops.topk_topp_sampler import sample_with_exponential_noise
 
 from tests.conftest import run_python
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
     SALT,
+    _key_words,
+    exponential_of_bits,
     fused_kernel_available,
     hashed_exponentials,
     noise_table,
@@ -57,6 +60,32 @@ def test_the_kernel_writes_the_reference_noise_into_the_seeded_rows_under_the_in
         "print('kernel ok')\n"
     )
     assert "kernel ok" in run_python(code, env={"TRITON_INTERPRET": "1"}).stdout
+
+
+def test_every_uniform_gives_positive_finite_noise():
+    """All 2**23 uniforms are exact and below 1, so the noise is never 0: a race's p / q stays 0 for a code of
+    probability 0 instead of NaN (which argmax would pick)."""
+    noise = exponential_of_bits(torch.arange(2**23))
+    assert torch.all(noise > 0) and torch.all(torch.isfinite(noise))
+    assert torch.all(noise[1:] < noise[:-1])  # every uniform distinct
+    assert noise.min().item() == pytest.approx(2.0**-24, rel=1e-6) and noise.max().item() == pytest.approx(
+        16.636, rel=1e-4
+    )
+
+
+# (seed, column) at generator position 7 whose 24-bit uniform rounded to 1.0 (noise 0) before the uniforms had 23 bits.
+ZERO_NOISE_BEFORE = ((201, 10232), (571, 9306), (1831, 10753))
+
+
+def test_draws_that_gave_zero_noise_now_leave_zero_probability_codes_unpicked():
+    generators = [torch.Generator().manual_seed(seed) for seed, _ in ZERO_NOISE_BEFORE]
+    noise = hashed_exponentials(torch.from_numpy(_key_words(generators, [7] * len(generators))), WIDTH)
+    columns = [column for _, column in ZERO_NOISE_BEFORE]
+    assert torch.all(noise[range(len(columns)), columns] > 0)
+    probs = torch.zeros(len(columns), WIDTH)
+    probs[:, :10] = 0.1  # ten allowed codes; the columns above have probability 0
+    picked = sample_with_exponential_noise(probs, noise)
+    assert torch.all(picked < 10), picked
 
 
 def test_the_kernel_is_used_only_where_it_can_run():

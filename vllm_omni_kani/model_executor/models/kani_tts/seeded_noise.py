@@ -33,7 +33,11 @@ except ImportError:  # pragma: no cover - every supported install has Triton
 MASK32 = 0xFFFFFFFF
 SALT = 0x6B43A9B5  # the code heads' noise: keys it apart from any other hash of the same seed and position
 _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
-_UNIFORM_BITS = 24  # a float32 holds 24-bit integers exactly: uniforms are (top 24 bits + 0.5) / 2**24, in (0, 1)
+# Uniforms are (top 23 bits + 0.5) / 2**23: b + 0.5 needs 24 significant bits, exactly what a float32 holds, so every
+# uniform is exact and the largest, 1 - 2**-24, stays below 1. With 24 bits the top value's + 0.5 rounded to 2**24:
+# a uniform of 1.0 and noise of exactly 0 once in 2**24 draws, and a race's p / q was then 0 / 0 = NaN for a code
+# of probability 0, which argmax picks (a code outside top-k / top-p, or a masked token).
+_UNIFORM_BITS = 23
 _BLOCK = 1024  # columns per Triton program
 # Triton picks its interpreter when it decorates the kernel, at import: read once here too, not every step.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -100,6 +104,11 @@ def hashed_exponentials(keys: torch.Tensor, width: int, salt: int = SALT) -> tor
     bits ^= _mix32(row ^ salt).unsqueeze(1)
     bits = _mix32(bits)
     bits >>= 32 - _UNIFORM_BITS
+    return exponential_of_bits(bits)
+
+
+def exponential_of_bits(bits: torch.Tensor) -> torch.Tensor:
+    """``_UNIFORM_BITS``-bit integers → float32 Exp(1) noise, all in (0, 17]: ``-log((bits + 0.5) / 2**BITS)``."""
     return bits.to(torch.float32).add_(0.5).mul_(1.0 / (1 << _UNIFORM_BITS)).log_().neg_()
 
 
