@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -61,10 +62,10 @@ def wav_samples(response: httpx.Response) -> tuple[np.ndarray, int]:
     return data, rate
 
 
-def raw_pcm(server, **body) -> np.ndarray:
+def raw_pcm(server, headers: dict[str, str] | None = None, **body) -> np.ndarray:
     body |= {"response_format": "pcm", "stream_format": "audio"}
     body.setdefault("max_new_tokens", FRAMES)
-    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, timeout=300) as r:
+    with httpx.stream("POST", f"{server.base_url}/v1/audio/speech", json=body, headers=headers, timeout=300) as r:
         assert r.status_code == 200, r.read()
         return np.frombuffer(b"".join(r.iter_bytes()), dtype=np.int16)
 
@@ -164,16 +165,20 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     audio_vs_frames = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(audio_vs_frames)
     before = len(server.log_text())
-    for i in range(3):
-        raw_pcm(server, input=f"{TEXT} Take {i}.", temperature=0.0)  # streamed: the kind vLLM-Omni coerces to DELTA
+    # Our own request ids (the engine's is speech-<X-Request-Id>): the tables are logged off the event loop, so an
+    # earlier test's table can still land after `before`.
+    ids = [f"finish-report-{i}-{uuid.uuid4().hex[:8]}" for i in range(3)]
+    for i, request_id in enumerate(ids):  # streamed: the kind vLLM-Omni coerces to DELTA
+        raw_pcm(server, headers={"X-Request-Id": request_id}, input=f"{TEXT} Take {i}.", temperature=0.0)
     log = tmp_path / "server.log"
 
-    def all_reported() -> bool:  # the tables are logged off the event loop, just after each answer
+    def ours() -> dict:
         log.write_text(server.log_text()[before:])
-        return len(audio_vs_frames.requests(log)) >= 3
+        tables = audio_vs_frames.requests(log)
+        return {key: fields for key, fields in tables.items() if any(key.startswith(f"speech-{i}") for i in ids)}
 
-    wait_for(all_reported, timeout_s=10.0)
-    stats = audio_vs_frames.requests(log)
+    wait_for(lambda: len(ours()) >= 3, timeout_s=10.0)
+    stats = ours()
     assert len(stats) == 3, log.read_text()[-3000:]
     for request_id, fields in stats.items():
         assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)
