@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -110,6 +112,14 @@ SERVER_MODULE_ORDER = (
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i + 1 for i, name in enumerate(SERVER_MODULE_ORDER)}
     items.sort(key=lambda item: rank.get(item.path.name, 0))  # stable: file order is kept within a rank
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` as a module: the benchmark scripts sit beside the package, not in it."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, benchmark_script
 
 RUN = REPO_ROOT / "benchmarks" / "results" / "h200-thirteenth" / "instance-1" / "1-served" / "shipped-f250.json"
-spec = importlib.util.spec_from_file_location("bench_waves", REPO_ROOT / "benchmarks" / "bench_waves.py")
-bench_waves = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_waves)
+bench_waves = benchmark_script("bench_waves")
 
 
 def test_each_level_splits_into_waves_of_its_streams():

@@ -7,7 +7,6 @@ the served test (``tests/test_serving.py``), which record and summarise a window
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -16,13 +15,11 @@ import time
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, benchmark_script
 from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S, KERNEL_TRACE_DEFAULT_S
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import POLL_S, TRIGGER, KernelTrace
 
-spec = importlib.util.spec_from_file_location("kernel_share", REPO_ROOT / "benchmarks" / "kernel_share.py")
-kernel_share = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel_share)
+kernel_share = benchmark_script("kernel_share")
 
 
 def mm_events(path) -> list:

@@ -8,7 +8,6 @@ itself: every request bounds its length with ``max_new_tokens``.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import io
 import json
 import re
@@ -25,13 +24,14 @@ import soundfile as sf
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, benchmark_script
 from tests.server_utils import wait_for
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_INPUT_CHARS, MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
 from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniTTSSettings
+from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import TRIGGER
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import (
     ParallelHeadLfm2ForCausalLM,
     SamplingConfig,
@@ -161,9 +161,7 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     """Under async_chunk Stage 0 sends the API server its final output only (nothing there uses its per-step ones):
     its stats still count every token, and each request's audio is exactly those frames, read from the server log
     the way ``benchmarks/audio_vs_frames.py`` reads a GPU run's."""
-    spec = importlib.util.spec_from_file_location("audio_vs_frames", REPO_ROOT / "benchmarks" / "audio_vs_frames.py")
-    audio_vs_frames = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(audio_vs_frames)
+    audio_vs_frames = benchmark_script("audio_vs_frames")
     before = len(server.log_text())
     # Our own request ids (the engine's is speech-<X-Request-Id>): the tables are logged off the event loop, so an
     # earlier test's table can still land after `before`.
@@ -366,7 +364,7 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
 def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, kernel_trace_dir):
     """``KANI_KERNEL_TRACE``: the trigger file opens one window in Stage 0's and in the codec's engine process, each
     writes its own trace, and ``benchmarks/kernel_share.py`` summarises them (CPU ops here; kernels on a GPU)."""
-    (kernel_trace_dir / "start").touch()
+    (kernel_trace_dir / TRIGGER).touch()
     body = {"input": TEXT, "max_new_tokens": 4 * 12, "temperature": 0.0}
 
     def both_written() -> bool:
@@ -374,10 +372,7 @@ def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, ker
         return all(list(kernel_trace_dir.glob(f"{stage}-*.json")) for stage in ("stage0", "stage1"))
 
     wait_for(both_written, timeout_s=240)
-    spec = importlib.util.spec_from_file_location("kernel_share", REPO_ROOT / "benchmarks" / "kernel_share.py")
-    kernel_share = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(kernel_share)
-    summary = kernel_share.summarise(kernel_trace_dir, ("cpu_op",), top=200)
+    summary = benchmark_script("kernel_share").summarise(kernel_trace_dir, ("cpu_op",), top=200)
     names = {row["trace"].split("-")[0]: {t["name"] for t in row["top"]} for row in summary["traces"]}
     assert set(names) == {"stage0", "stage1"}, summary
     # The LM's matmuls and attention (vLLM's CPU kernels here: _C::onednn_mm, _C::cpu_attention_with_kv_cache).

@@ -189,7 +189,8 @@ def main() -> None:
             result["gpu_util_pct"] = {"mean": round(sum(busy_pct) / len(busy_pct), 1), "samples": len(busy_pct)}
             print(f"GPU utilisation mean {result['gpu_util_pct']['mean']}% over {len(busy_pct)} samples", flush=True)
     if env:
-        kernels = kernel_share_module().summarise(traces, kernel_share_module().GPU_CATEGORIES)
+        kernel_share = kernel_share_module()
+        kernels = kernel_share.summarise(traces, kernel_share.GPU_CATEGORIES)
         result["kernels"] = kernels
         for row in kernels["traces"]:
             if row["events"]:
