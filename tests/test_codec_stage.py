@@ -202,7 +202,8 @@ def test_cpu_audio_is_handed_over_as_it_is():
 def test_a_kernel_trace_window_records_the_codec_step(stage, tmp_path):
     """``KANI_KERNEL_TRACE``'s hook: the codec's forward opens the window at the trigger and the next step closes it."""
     (tmp_path / TRIGGER).touch()
-    stage.kernel_trace = KernelTrace("stage1", folder=str(tmp_path), seconds=0.0)
+    # The stage decodes on the CPU here (also on a GPU machine): its trace records CPU ops.
+    stage.kernel_trace = KernelTrace("stage1", folder=str(tmp_path), seconds=0.0, cuda=False)
     try:
         run(stage, [payload(codes(12, 5), torch.tensor(0))])  # opens, then decodes inside the window
         run(stage, [payload(codes(12, 6), torch.tensor(0))])  # closes

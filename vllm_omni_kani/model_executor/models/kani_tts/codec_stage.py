@@ -155,7 +155,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         # The state pool exists now, like the weights, so the memory profiler sees it.
         self.streams = self._make_streams() if self.chunk_policy.stateful else None
         self._trace = trace_chunks()
-        self.kernel_trace = KernelTrace("stage1")
+        self.kernel_trace = KernelTrace("stage1", cuda=self.decoder.device.type == "cuda")
 
     def _make_streams(self) -> CodecStreams:
         config = additional_config(self.vllm_config)

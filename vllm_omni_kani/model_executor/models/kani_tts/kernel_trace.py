@@ -32,11 +32,15 @@ POLL_S = 0.1
 class KernelTrace:
     """``tick()`` once per engine step; a no-op (one attribute test) unless ``KANI_KERNEL_TRACE`` names a folder."""
 
-    def __init__(self, label: str, folder: str | None = None, seconds: float | None = None) -> None:
+    def __init__(
+        self, label: str, folder: str | None = None, seconds: float | None = None, cuda: bool | None = None
+    ) -> None:
+        """``cuda``: whether this process's work runs on a CUDA device (default: whether one is present)."""
         folder = kernel_trace_dir() if folder is None else folder
         self.folder = Path(folder) if folder else None
         self.seconds = kernel_trace_seconds() if seconds is None else seconds
         self.label = label
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.path: Path | None = None
         self._profiler: torch.profiler.profile | None = None
         self._until = 0.0
@@ -64,7 +68,7 @@ class KernelTrace:
     def _open(self, now: float) -> None:
         # On a GPU only its activity (kernels, copies, the runtime calls): CPU ops would add thousands of events a
         # step and slow the step they describe. Without a GPU, the CPU ops are what there is.
-        kind = "CUDA" if torch.cuda.is_available() else "CPU"
+        kind = "CUDA" if self.cuda else "CPU"
         activities = [getattr(torch.profiler.ProfilerActivity, kind)]
         self._profiler = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False)
         self._profiler.start()
