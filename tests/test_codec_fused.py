@@ -98,3 +98,22 @@ def test_fused_stateful_decode_equals_eager(ckpt):
     got = stream(decoder, utterance, sizes)
     torch.testing.assert_close(got, eager, atol=DECODE_ATOL, rtol=0)
     torch.testing.assert_close(decoder.decode(utterance[None].cuda())[0].cpu(), one_shot, atol=DECODE_ATOL, rtol=0)
+
+
+@cuda
+@pytest.mark.parametrize("channels", [3, 27, 56, 112])
+def test_half_snake_kernel_on_channels_last_views_equals_eager(channels):
+    """The channels-last layers hand the activation ``[B, C, T]`` views of ``[B, T, C]`` memory (channel stride 1);
+    the kernel tiles them by time and writes only its slice."""
+    snake = random_snake(channels, "cuda")
+    memory = torch.randn(3, 3000, channels, device="cuda", generator=torch.Generator("cuda").manual_seed(2)) * 4
+    x = memory[:, 5:2905].transpose(1, 2)
+    snake.fused = False
+    expected = snake(x)
+    out = torch.full((3, 2909, channels), float("nan"), device="cuda")
+    snake.fused = True
+    snake.write(x, out[:, 9:].transpose(1, 2))
+    got = out[:, 9:].transpose(1, 2)
+    assert torch.isnan(out[:, :9]).all(), "the kernel wrote outside its slice"
+    tol = ULPS * F32_EPS * expected.abs().clamp_min(1.0)
+    assert ((got - expected).abs() <= tol).all()

@@ -89,6 +89,27 @@ def test_streamed_chunks_equal_one_shot_decode(decoder, sizes, seed):
     assert streams.live == 0  # every stream's last chunk freed its slot
 
 
+@pytest.mark.parametrize(
+    ("below", "layers"), [(20, [2, 3, 4]), (128, [0, 1, 2, 3, 4])], ids=["narrow-layers", "every-layer"]
+)
+@pytest.mark.parametrize(("sizes", "seed"), [((1,), 4), ((1, 5, 16, 64, 70), 5)], ids=["1-frame", "mixed-with-split"])
+def test_channels_last_layers_stream_equal_one_shot_decode(decoder, below, layers, sizes, seed):
+    """The CUDA default (narrow residual layers channels-last, channels zero-padded) forced on the CPU: the tiny
+    codec's layers have 48, 24, 12, 6 and 3 channels, so 20 converts three of them and 128 all five."""
+    codec = StreamingCodec(decoder, num_slots=8, channels_last_below=below)
+    assert sorted(codec.channels_last_layers) == layers
+    utterances = {f"req-{i}": codes(n, seed * 10 + i) for i, n in enumerate((41, 7, 90, 1))}
+    streamed = stream_all(CodecStreams(codec, max_piece_frames=24), utterances, sizes, seed)
+    for rid, utt in utterances.items():
+        full = decoder.decode(utt[None])[0]
+        torch.testing.assert_close(streamed[rid], full, atol=STREAM_ATOL, rtol=0)
+        assert np.abs(pcm16(streamed[rid]) - pcm16(full)).max() <= 1
+    # The padded channels' states stay exactly zero: nothing leaks into them.
+    for state, layer in zip(codec.pool, codec.layers, strict=True):
+        if id(layer) in codec._padded:
+            assert not state[..., layer.weight.shape[1] :].any()
+
+
 def test_stream_in_float64_equals_one_shot_to_rounding(ckpt):
     decoder = load_codec(ckpt, dtype=torch.float64)
     utt = codes(50, 7)
@@ -99,11 +120,19 @@ def test_stream_in_float64_equals_one_shot_to_rounding(ckpt):
     )
 
 
-def test_state_holds_exactly_each_layers_causal_context(decoder):
-    codec = StreamingCodec(decoder, num_slots=3, scratch_rows=2)
+@pytest.mark.parametrize("below", [0, 20])
+def test_state_holds_exactly_each_layers_causal_context(decoder, below):
+    codec = StreamingCodec(decoder, num_slots=3, scratch_rows=2, channels_last_below=below)
     assert len(codec.pool) == len(codec.layers) == 97  # pre/post conv, 5 upsamplers, 5 × 3 × 3 × 2 residual convs
+    channels_last = 0
     for state, layer in zip(codec.pool, codec.layers, strict=True):
-        assert state.shape[0] == 5 and state.shape[-1] == codec.context(layer) > 0
+        if id(layer) in codec._padded:  # [rows, context, channels padded to a multiple of 8]
+            channels_last += 1
+            width = layer.weight.shape[1]
+            assert state.shape == (5, codec.context(layer), -(-width // 8) * 8)
+        else:
+            assert state.shape[0] == 5 and state.shape[-1] == codec.context(layer) > 0
+    assert channels_last == (3 * 18 if below else 0)  # three layers of 18 convs each
     assert codec.state_bytes_per_slot == sum(s[0].numel() * 4 for s in codec.pool)
 
 
@@ -166,7 +195,7 @@ def test_stateful_policy_sends_numbered_chunks_without_context():
 # --- Stage 1 as the generation runner drives it ----------------------------------------------------------------
 
 
-def stateful_stage(ckpt, slots: int):
+def stateful_stage(ckpt, slots: int, **additional):
     from vllm.config import DeviceConfig, ModelConfig, VllmConfig
 
     from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
@@ -174,7 +203,7 @@ def stateful_stage(ckpt, slots: int):
     model_config = ModelConfig(model=str(ckpt), dtype="float32", max_model_len=256, enforce_eager=True)
     model_config.stage_connector_config = {"extra": {"codec_stateful_decode": True}}
     config = VllmConfig(model_config=model_config, device_config=DeviceConfig("cpu"))
-    config.additional_config = {"codec_state_slots": slots}
+    config.additional_config = {"codec_state_slots": slots, **additional}
     stage = KaniNanoCodecForGeneration(vllm_config=config)
     stage.load_weights(iter(()))
     return stage
@@ -199,8 +228,11 @@ def run(stage, request_ids: list[str], infos: list[dict]) -> list[torch.Tensor]:
     return out.multimodal_outputs["model_outputs"]
 
 
-def test_stage_streams_equal_one_decode_and_whole_windows_stay_stateless(flat_ckpt):
-    stage = stateful_stage(flat_ckpt, slots=4)
+@pytest.mark.parametrize("channels_last_below", [None, 20], ids=["device-default", "narrow-layers-channels-last"])
+def test_stage_streams_equal_one_decode_and_whole_windows_stay_stateless(flat_ckpt, channels_last_below):
+    extra = {} if channels_last_below is None else {"codec_channels_last_below": channels_last_below}
+    stage = stateful_stage(flat_ckpt, slots=4, **extra)
+    assert sorted(stage.streams.codec.channels_last_layers) == ([] if channels_last_below is None else [2, 3, 4])
     decoder = load_codec(flat_ckpt)
     assert stage.requires_request_ids and stage.streams is not None
     utt = codes(40, 21)
@@ -236,6 +268,20 @@ def test_stage_frees_state_on_finish_and_abort_over_10000_requests(flat_ckpt):
     assert len(streams.codec.slot_of) == len(streams.next_seq) == 0
     assert sorted(streams.codec._free) == list(range(512))
     assert [p.data_ptr() for p in streams.codec.pool] == pool_ptrs
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA default layout needs a CUDA device (CPU CI has none)"
+)
+def test_cuda_default_channels_last_stream_equals_one_shot(ckpt):
+    decoder = load_codec(ckpt, device="cuda")  # strict float32
+    codec = StreamingCodec(decoder, num_slots=4)
+    assert sorted(codec.channels_last_layers) == [0, 1, 2, 3, 4]  # the tiny codec's layers are all narrower than 128
+    utterances = {f"req-{i}": codes(n, 40 + i) for i, n in enumerate((41, 7, 90))}
+    streamed = stream_all(CodecStreams(codec, max_piece_frames=24), utterances, (1, 3, 16, 64), seed=6)
+    for rid, utt in utterances.items():
+        full = decoder.decode(utt[None].cuda())[0]
+        torch.testing.assert_close(streamed[rid], full, atol=STREAM_ATOL, rtol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (CPU CI has none)")

@@ -7,7 +7,9 @@ samples. Two ways to decode it:
 - **Stateful streams** (connector extra ``codec_stateful_decode: true``, chunks numbered by
   ``meta.chunk_seq``): each request keeps the causal state of every decoder layer in a slot of a
   preallocated pool (``codec_streams.py``), so a chunk decodes only its new frames. Slots are freed
-  with a stream's last chunk, or when vLLM reports the request finished or aborted.
+  with a stream's last chunk, or when vLLM reports the request finished or aborted. On CUDA the narrow
+  residual layers run channels-last (``nanocodec/streaming.py``; ``additional_config``
+  ``codec_channels_last_below``, 0 for none).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -162,11 +164,18 @@ class KaniNanoCodecForGeneration(nn.Module):
         max_seqs = int(getattr(self.vllm_config.scheduler_config, "max_num_seqs", 0) or 0)
         slots = int(config.get("codec_state_slots", max(STATE_SLOTS_PER_SEQ * max_seqs, 1)))
         batches = [int(b) for b in config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)]
-        codec = StreamingCodec(self.decoder, num_slots=slots, scratch_rows=max(batches, default=1))
+        below = config.get("codec_channels_last_below")
+        codec = StreamingCodec(
+            self.decoder,
+            num_slots=slots,
+            scratch_rows=max(batches, default=1),
+            channels_last_below=None if below is None else int(below),
+        )
         logger.info(
-            "Kani codec stage: stateful streams, %d state slots of %.1f KiB",
+            "Kani codec stage: stateful streams, %d state slots of %.1f KiB, residual layers %s channels-last",
             slots,
             codec.state_bytes_per_slot / 1024,
+            sorted(codec.channels_last_layers) or "none",
         )
         return CodecStreams(codec, max_piece_frames=self.decode_max_frames)
 
@@ -200,6 +209,8 @@ class KaniNanoCodecForGeneration(nn.Module):
             additional_config(self.vllm_config).get("codec_fused_activations", self.decoder.device.type == "cuda")
         )
         self.decoder.set_fused_activations(fused_activations and fused.available())
+        if self.streams is not None:
+            self.streams.codec.refresh()  # the channels-last convs' padded weights, from the loaded ones
         logger.info(
             "Kani codec stage: %s convs, %s half-snakes",
             precision,
