@@ -71,13 +71,16 @@ def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float | None:
 
 
 @torch.inference_mode()
-def stream_snr(preset: str, device: str, precision: str, activations: str, rows: int, frames: int) -> float | None:
+def stream_snr(
+    preset: str, device: str, precision: str, activations: str, rows: int, frames: int, channels_last_below: int | None
+) -> float | None:
     reference = build(preset, device, "fp32")
     decoder = build(preset, device, precision, activations)
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(0, decoder.config.codebook_size, (rows, frames, 4), generator=gen)
     full = reference(codes.to(device))
-    streams = CodecStreams(StreamingCodec(decoder, num_slots=rows, scratch_rows=rows), max_piece_frames=64)
+    codec = StreamingCodec(decoder, num_slots=rows, scratch_rows=rows, channels_last_below=channels_last_below)
+    streams = CodecStreams(codec, max_piece_frames=64)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
     start = 0
     for seq, size in enumerate(ramp(frames)):
@@ -103,7 +106,9 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         run = (lambda: graphs(codes)) if cuda else (lambda: decoder(codes))
     else:
         frames = new
-        codec = StreamingCodec(decoder, num_slots=batch, scratch_rows=slice_rows)
+        codec = StreamingCodec(
+            decoder, num_slots=batch, scratch_rows=slice_rows, channels_last_below=args.channels_last_below
+        )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
         slots = torch.arange(batch, device=decoder.device)
@@ -143,14 +148,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--snr-rows", type=int, default=8)
     parser.add_argument("--snr-frames", type=int, default=250)
-    parser.add_argument("--out", type=Path, default=None, help="write codec-streaming.json here")
+    parser.add_argument(
+        "--channels-last-below",
+        type=int,
+        default=None,
+        help="stateful codec: residual layers narrower than this run channels-last (default: the device's default)",
+    )
+    parser.add_argument("--tag", default="", help="suffix of the JSON's name")
+    parser.add_argument("--out", type=Path, default=None, help="write codec-streaming{TAG}.json here")
     args = parser.parse_args()
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
     configs = [(p, a) for p in args.precisions for a in args.activations]
     for precision, acts in configs:
         key = f"{precision}/{acts}"
-        snr[key] = stream_snr(args.preset, args.device, precision, acts, args.snr_rows, args.snr_frames)
+        snr[key] = stream_snr(
+            args.preset, args.device, precision, acts, args.snr_rows, args.snr_frames, args.channels_last_below
+        )
         print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
         decoder = build(args.preset, args.device, precision, acts)
         for batch in args.batches:
@@ -182,11 +196,12 @@ def main() -> None:
             "device": device_name,
             "torch": torch.__version__,
             "preset": args.preset,
+            "channels_last_below": args.channels_last_below,
             "snr_db_vs_fp32": snr,
             "snr_frames": args.snr_frames,
             "rows": rows,
         }
-        (args.out / "codec-streaming.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / f"codec-streaming{args.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,14 @@
 # Stage the bundle first (../shared/device/build_bundle.sh, then one device call per part with stage.sh) and send
 # the phases back to back: /tmp (stack, checkpoints, compile caches) lasts only while the machine stays held.
 #   codec    checkpoints; Stage 1 alone (windows vs stateful, per precision, SNR); the CUDA-only tests
+#   codeclayers  the stateful codec step section by section, and every residual conv under cuDNN and under the Triton
+#            conv kernel (nanocodec/conv_kernel.py; plain, and with the half-snake on load and the residual add),
+#            batch 64 x 64 and 64 x 16 frames (benchmarks/codec_layers.py)
+#   codecl   the narrow residual layers channels-last (the CUDA default) against channel-major: Stage 1 alone (SNR,
+#            new frames/s at chunks 16 and 64) and the step section by section, each way (no staged bundle needed);
+#            codectests: the CUDA-only codec tests
+#   channelmajor  `served` with the codec's layers all channel-major (codec_channels_last_below 0), the layout
+#            before the channels-last layers; send beside `served`
 #   shipped  the shipped kani_tts.yaml served with 64- and 250-frame requests
 #   flat     the flattened baseline served with the same YAML; the Stage-0 step, ours vs stock
 #   stage0   the Stage-0 step alone, ours vs stock (no server)
@@ -177,6 +185,37 @@ for phase in "$@"; do
       frames_check "$tag"
       step_rates
       pack "$tag" ;;
+    codecl)
+      device_info
+      for below in default 0; do
+        args=(); [ "$below" = default ] || args=(--channels-last-below "$below")
+        step "codec-streaming-cl-$below" 300 python3 benchmarks/bench_codec_streaming.py --device cuda \
+          --batches 64 256 --chunks 16 64 --precisions tf32 --activations fused --out "$R" --tag="-cl-$below" "${args[@]}"
+        step "codec-sections-cl-$below" 120 python3 benchmarks/codec_layers.py --batch 64 --frames 64 --max-channels 0 \
+          --out "$R/codec-layers" --tag="-cl-$below" "${args[@]}"
+      done
+      pack codecl ;;
+    codectests)
+      step cuda-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
+        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py \
+        -k "graph or fused or kernel or one_copy or cuda or channels_last"
+      pack codectests ;;
+    channelmajor)
+      checkpoints
+      variant kani_tts_channel_major stages.1.additional_config.codec_channels_last_below=0
+      serve_sweeps 0 channel-major "$CK/par" stage_configs/kani_tts_channel_major.yaml 330 250:64,256
+      cleanup
+      frames_check channel-major
+      step_rates
+      pack channelmajor ;;
+    codeclayers)
+      device_info
+      for f in ${LAYER_FRAMES:-64}; do
+        # shellcheck disable=SC2086
+        step "codec-layers-f$f" 300 python3 benchmarks/codec_layers.py --batch 64 --frames "$f" --out "$R/codec-layers" \
+          ${LAYER_ARGS:-}
+      done
+      pack codeclayers ;;
     servedkernels)
       # 2 s of every engine process's GPU activity at once (KANI_KERNEL_TRACE), 256 streams of 250 frames, under the
       # shipped file and under two Stage-0 engines: GPU time per process, the union, the heaviest kernels.
