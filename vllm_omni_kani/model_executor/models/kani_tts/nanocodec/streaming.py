@@ -12,12 +12,12 @@ float rounding (the stateless window path re-decodes 28 frames of context per ch
 right-padded (each row's state is taken at its own length), padded rows point at scratch slots, so a step
 captures in a CUDA graph per (batch, frames) bucket.
 
-**Channels-last narrow layers (CUDA).** cuDNN runs the narrow residual layers' convs (108, 54 and 27 channels) 1.3-2.6×
-faster as 2-D convs in channels-last with the channels zero-padded to a multiple of 8 than as channel-major conv1d
-(``benchmarks/codec_layers.py``, docs/BENCHMARKS.md); those layers were 81% of the step. So residual layers
-narrower than ``channels_last_below`` keep their activations and states as ``[B, T, C_padded]``: the padded
-channels hold zeros throughout (zero weights and bias in, half-snake(0) = 0), and the layer's input and output are
-converted once each. CPUs keep every layer channel-major unless asked.
+**Channels-last narrow layers (CUDA).** cuDNN runs the narrow residual layers' convs (108, 54 and 27 channels)
+1.02-2.56× faster as 2-D convs in channels-last with the channels zero-padded to a multiple of 8 than as
+channel-major conv1d (``benchmarks/codec_layers.py``, docs/BENCHMARKS.md); those layers were 81% of the step.
+So residual layers narrower than ``channels_last_below`` keep their activations and states as ``[B, T, C_padded]``:
+the padded channels hold zeros throughout (zero weights and bias in, half-snake(0) = 0), and the layer's input and
+output are converted once each. CPUs keep every layer channel-major unless asked.
 """
 
 from __future__ import annotations
