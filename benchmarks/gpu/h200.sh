@@ -9,7 +9,8 @@
 #            conv kernel (nanocodec/conv_kernel.py; plain, and with the half-snake on load and the residual add),
 #            batch 64 x 64 and 64 x 16 frames (benchmarks/codec_layers.py)
 #   codecl   the narrow residual layers channels-last (the CUDA default) against channel-major: Stage 1 alone (SNR,
-#            new frames/s at chunks 16 and 64) and the step section by section, each way (no staged bundle needed);
+#            new frames/s at chunks 16 and 64) and the step section by section, each way (no staged bundle needed;
+#            EXTRA_BELOW=512 adds every layer channels-last);
 #            codectests: the CUDA-only codec tests
 #   channelmajor  `served` with the codec's layers all channel-major (codec_channels_last_below 0), the layout
 #            before the channels-last layers; send beside `served`
@@ -187,7 +188,7 @@ for phase in "$@"; do
       pack "$tag" ;;
     codecl)
       device_info
-      for below in default 0; do
+      for below in default 0 ${EXTRA_BELOW:-}; do
         args=(); [ "$below" = default ] || args=(--channels-last-below "$below")
         step "codec-streaming-cl-$below" 300 python3 benchmarks/bench_codec_streaming.py --device cuda \
           --batches 64 256 --chunks 16 64 --precisions tf32 --activations fused --out "$R" --tag="-cl-$below" "${args[@]}"
