@@ -97,13 +97,12 @@ def sections(
                 x = codec._upsample(up, act, x, lengths * rate, slots)
                 rate *= up.rate
                 mark(f"upsample {i} (x{up.rate}, {x.shape[1]} ch)")
-                channels = x.shape[1]
-                if i in codec.channels_last_layers:
+                channels, channels_last = x.shape[1], i in codec.channels_last_layers
+                if channels_last:
                     x = to_channels_last(x, padded_channels(channels))
-                    x = codec._residual_layer(res, x, lengths * rate, slots, codec._conv_channels_last)
+                x = codec._residual_layer(res, x, lengths * rate, slots)
+                if channels_last:
                     x = x[..., :channels].transpose(1, 2).contiguous()
-                else:
-                    x = codec._residual_layer(res, x, lengths * rate, slots, codec._conv)
                 mark(f"residual layer {i} ({channels} ch, {rate} samples/frame)")
             x = codec._conv(d.post_conv, x, lengths * rate, slots, d.post_activation)
             mark("post_conv")

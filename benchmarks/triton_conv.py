@@ -6,7 +6,8 @@ frame) at 19-29 TFLOP/s against 149 for the 432-channel layer (``codec_layers.py
 can add a residual to it, the ``x + conv(...)`` of a residual unit. ``codec_layers.py`` measures it beside cuDNN:
 it lost everywhere but at 27 channels and 3 taps (docs/BENCHMARKS.md, fourteenth set), so the codec uses cuDNN in
 channels-last instead, and this stays here as the measured alternative. Applying the half-snake on load was 13×
-slower (the sine recomputed for every tap); time as the GEMM's M dimension was slower still.
+slower (the sine recomputed for every tap); time as the GEMM's M dimension (``[T, Ci] @ [Ci, Co]`` tiles) was
+slower still (``results/h200-fourteenth/codec-layers/run2-…``).
 
 Input is unpadded (a left-padded window, or ``[state | new]``): ``T_out = T_in - (K-1)·d``. Runs on the Triton
 interpreter too (``TRITON_INTERPRET=1``, CPU tensors), which is how the tests check it.
@@ -97,68 +98,6 @@ if triton is not None:
             )
         tl.store(y_ptr + b * syb + co[:, None].to(tl.int64) * syc + t[None, :].to(tl.int64) * syt, acc, mask=ok)
 
-    @triton.jit
-    def _causal_conv_time_major_kernel(
-        x_ptr,
-        w_ptr,
-        bias_ptr,
-        res_ptr,
-        y_ptr,
-        c_in,
-        c_out,
-        t_out,
-        dilation,
-        sxb,
-        sxc,
-        sxt,
-        srb,
-        src,
-        srt,
-        syb,
-        syc,
-        syt,
-        KSIZE: tl.constexpr,
-        HAS_RES: tl.constexpr,
-        PRECISION: tl.constexpr,
-        BLOCK_CO: tl.constexpr,
-        BLOCK_CI: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-    ):
-        # The same conv with time as the GEMM's M dimension: [T, Ci] @ [Ci, Co] tiles, M >= 64 for wgmma.
-        b = tl.program_id(0).to(tl.int64)
-        t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        co = tl.program_id(2) * BLOCK_CO + tl.arange(0, BLOCK_CO)
-        t_ok = t < t_out
-        co_ok = co < c_out
-        acc = tl.zeros((BLOCK_T, BLOCK_CO), dtype=tl.float32)
-        for j in range(KSIZE):
-            for ci0 in range(0, c_in, BLOCK_CI):
-                ci = ci0 + tl.arange(0, BLOCK_CI)
-                ci_ok = ci < c_in
-                x = tl.load(
-                    x_ptr + b * sxb + ci[None, :].to(tl.int64) * sxc + (t[:, None] + j * dilation).to(tl.int64) * sxt,
-                    mask=t_ok[:, None] & ci_ok[None, :],
-                    other=0.0,
-                )
-                w = tl.load(
-                    w_ptr + (j * c_out + co[None, :]) * c_in + ci[:, None],
-                    mask=ci_ok[:, None] & co_ok[None, :],
-                    other=0.0,
-                )
-                acc += tl.dot(x, w, input_precision=PRECISION)
-        acc += tl.load(bias_ptr + co, mask=co_ok, other=0.0)[None, :]
-        ok = t_ok[:, None] & co_ok[None, :]
-        if HAS_RES:
-            acc = (
-                tl.load(
-                    res_ptr + b * srb + co[None, :].to(tl.int64) * src + t[:, None].to(tl.int64) * srt,
-                    mask=ok,
-                    other=0.0,
-                )
-                + acc
-            )
-        tl.store(y_ptr + b * syb + co[None, :].to(tl.int64) * syc + t[:, None].to(tl.int64) * syt, acc, mask=ok)
-
 
 def available() -> bool:
     """Whether the kernel can run here (Triton importable and a CUDA device present)."""
@@ -180,7 +119,6 @@ def causal_conv(
     tf32: bool = True,
     out: torch.Tensor | None = None,
     block_t: int = BLOCK_T,
-    time_major: bool = False,
     num_warps: int = 4,
 ) -> torch.Tensor:
     """``residual + conv1d(x, W, bias, dilation)`` without padding: ``[B, Ci, T_in]`` → ``[B, Co, T_out]``.
@@ -205,8 +143,7 @@ def causal_conv(
     res = residual if residual is not None else out
     block_co, block_ci = _block(c_out, MAX_BLOCK_CO), _block(c_in, MAX_BLOCK_CI)
     grid = (batch, triton.cdiv(t_out, block_t), triton.cdiv(c_out, block_co))
-    kernel = _causal_conv_time_major_kernel if time_major else _causal_conv_kernel
-    kernel[grid](
+    _causal_conv_kernel[grid](
         x,
         weight_tap_major,
         bias,

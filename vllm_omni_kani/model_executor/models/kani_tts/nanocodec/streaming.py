@@ -22,8 +22,6 @@ output are converted once each. CPUs keep every layer channel-major unless asked
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
@@ -174,13 +172,12 @@ class StreamingCodec:
             for i, (act, up, res) in enumerate(zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)):
                 x = self._upsample(up, act, x, lengths * rate, slots)
                 rate *= up.rate
-                if i in self.channels_last_layers:
-                    channels = x.shape[1]
+                channels, channels_last = x.shape[1], i in self.channels_last_layers
+                if channels_last:
                     x = to_channels_last(x, padded_channels(channels))
-                    x = self._residual_layer(res, x, lengths * rate, slots, self._conv_channels_last)
+                x = self._residual_layer(res, x, lengths * rate, slots)
+                if channels_last:
                     x = x[..., :channels].transpose(1, 2).contiguous()
-                else:
-                    x = self._residual_layer(res, x, lengths * rate, slots, self._conv)
             x = self._conv(d.post_conv, x, lengths * rate, slots, d.post_activation)
         return torch.clamp(x, -1.0, 1.0)[:, 0]
 
@@ -229,17 +226,10 @@ class StreamingCodec:
         slots: torch.Tensor,
         act: HalfSnake | None = None,
     ) -> torch.Tensor:
-        return conv.convolve(self._with_state(conv, x, lengths, slots, act))
-
-    def _conv_channels_last(
-        self,
-        conv: CausalConv,
-        x: torch.Tensor,
-        lengths: torch.Tensor,
-        slots: torch.Tensor,
-        act: HalfSnake | None = None,
-    ) -> torch.Tensor:
-        """``_conv`` on ``[B, T, C_padded]``: one channels-last 2-D conv over the joined ``[B, T', C_padded]``."""
+        """``conv(act(x))`` with the stream states: ``[B, C, T]`` in and out, or ``[B, T, C_padded]`` for a conv of a
+        channels-last layer (one 2-D conv over the joined ``[B, T', C_padded]``)."""
+        if id(conv) not in self._padded:
+            return conv.convolve(self._with_state(conv, x, lengths, slots, act))
         joined = self._with_state(conv, x, lengths, slots, act, time_dim=1)
         weight, bias = self._weights_2d[id(conv)]
         # [B, T', C] contiguous is [B, C, 1, T'] in channels-last: no copy on the way in or out.
@@ -259,14 +249,14 @@ class StreamingCodec:
         x: torch.Tensor,
         lengths: torch.Tensor,
         slots: torch.Tensor,
-        conv: Callable[..., torch.Tensor],
     ) -> torch.Tensor:
+        """The layer's branches on ``x`` (``[B, C, T]``, or ``[B, T, C_padded]`` for a channels-last layer)."""
         total = None
         for branch in layer.res_blocks:
             y = x
             for unit in branch.res_blocks:
-                h = conv(unit.input_conv, y, lengths, slots, unit.input_activation)
-                y = y + conv(unit.skip_conv, h, lengths, slots, unit.skip_activation)
+                h = self._conv(unit.input_conv, y, lengths, slots, unit.input_activation)
+                y = y + self._conv(unit.skip_conv, h, lengths, slots, unit.skip_activation)
             total = y if total is None else total + y
         return total / len(layer.res_blocks)
 
