@@ -101,7 +101,7 @@ def test_fused_stateful_decode_equals_eager(ckpt):
 
 
 @cuda
-@pytest.mark.parametrize("channels", [3, 27, 56, 112])
+@pytest.mark.parametrize("channels", [3, 27, 56, 112, 216])  # 216: two channel tiles of the kernel
 def test_half_snake_kernel_on_channels_last_views_equals_eager(channels):
     """The channels-last layers hand the activation ``[B, C, T]`` views of ``[B, T, C]`` memory (channel stride 1);
     the kernel tiles them by time and writes only its slice."""

@@ -8,7 +8,9 @@ and writes the activation once, into any strided view, e.g. the slice of the ``[
 
 The arithmetic is eager's, op for op in float32 (``s + inv_alpha * (sin(alpha * s) ** 2)`` with libdevice's
 ``sinf``, ``x if x > 0 else x * slope``), so fused and eager agree to float32 rounding; the CUDA-only tests hold
-them to a few ulps. Only float32 activations on CUDA are fused; everything else stays eager.
+them to a few ulps. Only float32 activations on CUDA are fused; everything else stays eager. Tensors whose channels
+are adjacent in memory (the codec's channels-last layers hand over ``[B, C, T]`` views of ``[B, T, C]``) take a
+second kernel that tiles time × channels, so its reads and writes stay coalesced.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ except ImportError:  # pragma: no cover - CPU wheels without Triton
 
 # Time steps per program; one program covers one (row, channel) pair's BLOCK samples.
 BLOCK = 1024
-# Channels-last tensors (channel stride 1): one program covers BLOCK_T_CL time steps of every channel of a row.
+# Channels-last tensors (channel stride 1): one program covers BLOCK_T_CL time steps of up to MAX_BLOCK_C_CL channels.
 BLOCK_T_CL = 64
+MAX_BLOCK_C_CL = 128
 
 
 def available() -> bool:
@@ -92,7 +95,7 @@ if triton is not None:
     ):
         b = tl.program_id(0).to(tl.int64)
         t = (tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
-        c = tl.arange(0, BLOCK_C)
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (t < length) & (c < channels)[None, :]
         x = tl.load(x_ptr + b * sxb + t * sxt + c[None, :], mask=mask, other=0.0)
         snake = c < snake_channels
@@ -116,8 +119,9 @@ def half_snake_into(
     if batch * channels == 0 or length == 0:
         return out
     if x.stride(1) == 1 and out.stride(1) == 1 and channels > 1:
-        # Channels-last views ([B, T, C] memory): tiles of [time, every channel], reads and writes coalesced.
-        grid = (batch, triton.cdiv(length, BLOCK_T_CL))
+        # Channels-last views ([B, T, C] memory): tiles of [time, channels], reads and writes coalesced.
+        block_c = min(triton.next_power_of_2(channels), MAX_BLOCK_C_CL)
+        grid = (batch, triton.cdiv(length, BLOCK_T_CL), triton.cdiv(channels, block_c))
         _half_snake_channels_last_kernel[grid](
             x,
             out,
@@ -132,7 +136,7 @@ def half_snake_into(
             out.stride(2),
             slope,
             BLOCK_T=BLOCK_T_CL,
-            BLOCK_C=triton.next_power_of_2(channels),
+            BLOCK_C=block_c,
         )
         return out
     grid = (batch * channels, triton.cdiv(length, BLOCK))
