@@ -9,7 +9,8 @@
 2. **Convs alone.** Every distinct (channels, kernel, dilation) of the residual layers at that stage's rate, on a
    ``[batch, C, frames·rate + (K-1)·d]`` input: cuDNN float32 (strict and TF32), cuDNN as a 2-D conv in
    channels-last, each also autotuned (``cudnn.benchmark``) and with the channels zero-padded to a multiple of 4, 8
-   or 16, and the Triton kernel of ``triton_conv.py`` (beside this script) (TF32; and with the residual add fused).
+   or 16, a dilated conv as an undilated ``(K, 1)`` one over ``[B, C, T/d, d]`` (channels-last, padded ×8), and the
+   Triton kernel of ``triton_conv.py`` (beside this script) (TF32; and with the residual add fused).
    Milliseconds per call, TFLOP/s, and the largest difference from cuDNN strict float32 relative to its output's
    largest magnitude.
 """
@@ -191,6 +192,28 @@ def padded(
     return fn
 
 
+def dilation_as_height(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, d: int) -> Callable[[], torch.Tensor]:
+    """A dilated conv as an undilated one: channels-last ``[B, T, C]`` memory viewed as ``[B, C, T/d, d]`` is a 2-D
+    input whose height steps d samples, so a ``(K, 1)`` kernel reads taps ``t, t+d, ...`` (time padded to a multiple
+    of d; the output's memory is ``[B, T_out, C]`` again). Channels zero-padded to a multiple of 8."""
+    ci, co = w.shape[1], w.shape[0]
+    pad_in, pad_out = -ci % 8, -co % 8
+    length = x.shape[-1]
+    rows = -(-length // d)
+    memory = F.pad(x, (0, rows * d - length, 0, pad_in)).transpose(1, 2).contiguous()  # [B, T, C] memory
+    x4 = memory.view(x.shape[0], rows, d, ci + pad_in).permute(0, 3, 1, 2)  # [B, C, T/d, d], channels-last
+    w4 = F.pad(w, (0, 0, 0, pad_in, 0, pad_out))[..., None].contiguous(memory_format=torch.channels_last)
+    bp = F.pad(b, (0, pad_out))
+    t_out = length - (w.shape[-1] - 1) * d
+
+    def fn() -> torch.Tensor:
+        with cudnn_tf32(True):
+            y = F.conv2d(x4, w4, bp)  # [B, C, rows - K + 1, d] channels-last = [B, (rows - K + 1)·d, C] memory
+        return y.permute(0, 2, 3, 1).reshape(x.shape[0], -1, co + pad_out)[:, :t_out, :co].transpose(1, 2)
+
+    return fn
+
+
 def one_conv(conv: CausalConv, act, batch: int, samples: int, rate: int, repeat: int, gen) -> dict:
     co, ci, k = conv.weight.shape
     x = torch.randn(batch, ci, samples + conv.left_pad, device="cuda", generator=gen)
@@ -247,6 +270,8 @@ def one_conv(conv: CausalConv, act, batch: int, samples: int, rate: int, repeat:
         if ci % multiple:
             variants[f"cudnn tf32 channels padded to x{multiple}"] = padded(x, w, b, d, multiple, channels_last=False)
             variants[f"cudnn tf32 channels-last 2d padded to x{multiple}"] = padded(x, w, b, d, multiple, True)
+    if d > 1:
+        variants["cudnn tf32 channels-last padded x8, dilation as height"] = dilation_as_height(x, w, b, d)
     variants["triton tf32 t128"] = lambda: triton_conv.causal_conv(x, taps, b, d)
     variants["triton tf32 t128 + add"] = lambda: triton_conv.causal_conv(x, taps, b, d, residual=residual)
     row: dict = {"channels": ci, "out_channels": co, "kernel": k, "dilation": d, "samples_per_frame": rate}
