@@ -320,11 +320,13 @@ def test_end2end_example_runs_offline(tiny_parallel, tmp_path):
     assert rate == SAMPLE_RATE and len(data) == 6 * SAMPLES_PER_FRAME
 
 
-# The flattened server also runs with the step meter, a GIL switch interval and the Stage-0 sampler patches
+# The flattened server also runs with the step meter, the API loop-lag meter, a GIL switch interval and the Stage-0
+# sampler patches
 # alternating with vLLM's path in 0.2-s windows (the patches are on by default, the rest off), so they are checked in
 # a real server without starting another one.
 OPTIONS_ENV = {
     "KANI_STEP_STATS_S": "0.1",
+    "KANI_LOOP_LAG_S": "0.2",
     "KANI_GIL_SWITCH_INTERVAL_MS": "1",
     "KANI_STAGE0_SAMPLER_PATCHES": "1",
     "KANI_SAMPLER_AB_PERIOD_S": "0.2",
@@ -359,6 +361,9 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
     assert steps and all(float(ms) > 0 and float(batch) >= 1 for ms, batch in steps), log[-3000:]
     # The meter's windows are the A/B windows, each naming its side.
     assert re.search(r"over [\d.]+ s \(sampler patches (on|off)\)", log), log[-3000:]
+    # The API server's event-loop lag, from the health checks on.
+    lags = re.findall(r"kani api loop lag: p50 ([\d.]+) ms, p99 ([\d.]+) ms, max ([\d.]+) ms, late \d+% of", log)
+    assert lags and all(float(a) <= float(b) <= float(c) for a, b, c in lags), log[-3000:]
 
 
 def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, kernel_trace_dir):

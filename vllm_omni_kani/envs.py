@@ -61,11 +61,17 @@ def _seconds(name: str) -> float:
 
 
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
+KANI_LOOP_LAG_S = "KANI_LOOP_LAG_S"
 
 
 def step_stats_interval_s() -> float:
     """``KANI_STEP_STATS_S``: log Stage 0's step rate every this many seconds (0 or unset: off)."""
     return _seconds(KANI_STEP_STATS_S)
+
+
+def loop_lag_interval_s() -> float:
+    """``KANI_LOOP_LAG_S``: log the API server's event-loop lag every this many seconds (0 or unset: off)."""
+    return _seconds(KANI_LOOP_LAG_S)
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"

@@ -17,6 +17,8 @@ export PYTHONPATH=$PWD:/tmp/kani-dist:/tmp/site:/tmp/whl
 export PATH=/tmp/whl/bin:$PATH  # py-spy, when its wheel is carried
 # Stage 0 logs its step rate every 5 s (step_meter.py): the served step period, beside step_time's.
 export KANI_STEP_STATS_S=${KANI_STEP_STATS_S:-5}
+# ... and the API server its event-loop lag (entrypoints/loop_lag.py): do new requests wait behind a blocked loop?
+export KANI_LOOP_LAG_S=${KANI_LOOP_LAG_S:-5}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_COLOR=0
 # JIT caches. On a fresh machine Stage 0 spent 97 s between its profiling run and its KV-cache line (11-14 s once the
 # machine had compiled them: eighth set), so a served phase needs 4 minutes to start. pack returns Triton's cache
@@ -103,10 +105,12 @@ frames_check() {
     --json "$R/audio-vs-frames-$1.json"
 }
 
-# step_rates: Stage 0's step-meter lines of every served log so far (steps/s, ms per step, rows/s, mean batch).
+# step_rates: Stage 0's step-meter lines of every served log so far (steps/s, ms per step, rows/s, mean batch), and the
+# API server's event-loop lag lines.
 step_rates() {
   for f in "$R"/serve-*.log; do
-    [ -f "$f" ] && grep -o "kani stage0 steps: .*" "$f" | sed "s|^|$(basename "$f" .log): |" | tee "$R/step-rates-$(basename "$f" .log).txt" | tail -n 30
+    [ -f "$f" ] && grep -oE "kani (stage0 steps|api loop lag): .*" "$f" | sed "s|^|$(basename "$f" .log): |" \
+      | tee "$R/step-rates-$(basename "$f" .log).txt" | tail -n 30
   done
 }
 

@@ -18,6 +18,7 @@ first-byte times among them (``benchmarks/ttfa_breakdown.py``).
 It sits innermost among the app's middleware (after CORS, API-key auth and vLLM's own), so a request that auth turns
 away never takes a slot. With ``--api-key`` an admitted request remembers a digest of its key, and only that key can
 cancel it (``cancellation.py``). ``patch.install_speech_guard`` installs it from the plugin, in the API-server process.
+The first request through it (health checks included) also starts ``KANI_LOOP_LAG_S``'s event-loop lag meter.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from vllm_omni_kani.entrypoints.loop_lag import LoopLagMeter
 from vllm_omni_kani.entrypoints.openai.admission import (
     ActiveSpeech,
     Rejection,
@@ -210,8 +212,10 @@ class SpeechGuardMiddleware:
         self.app = app
         self.admission = admission
         self.keyed = keyed  # vLLM checks API keys (outside this middleware): requests belong to their key
+        self.loop_lag = LoopLagMeter()  # KANI_LOOP_LAG_S; runs from the first request on (health checks included)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.loop_lag.ensure_started()
         if scope["type"] != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         path = get_route_path(scope)
