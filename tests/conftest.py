@@ -115,7 +115,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 def benchmark_script(name: str) -> ModuleType:
-    """``benchmarks/NAME.py`` as a module: the benchmark scripts sit beside the package, not in it."""
+    """``benchmarks/NAME.py`` as a module: the benchmark scripts sit beside the package, not in it, and import
+    their siblings as they do when run (``benchmarks/`` first on the path)."""
+    if str(REPO_ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

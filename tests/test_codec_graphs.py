@@ -1,4 +1,4 @@
-"""Codec CUDA graphs: bucket padding and batch slicing give the same audio as one eager decode.
+"""Codec CUDA graphs: bucket padding, batch slicing and replay plans give the same audio as eager decodes.
 
 CUDA graphs themselves need a GPU (benchmarks/codec_graphs.py checks replay == eager there); here every
 "graph" is an eager stand-in that decodes its static input into its static output, so the padding, slicing
@@ -10,8 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import DEFAULT_CONFIG, load_codec
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import CodecGraphs, batch_slices, round_up
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    CodecGraphs,
+    StreamingGraphs,
+    batch_slices,
+    round_up,
+)
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 
 class _EagerReplay:
@@ -126,3 +134,91 @@ def test_graph_capture_inside_vllms_model_load_shares_blocks_once_splitting_is_l
         torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{NO_SPLIT_LIMIT_MB}")
     print(f"reserved by 12 graphs: {limited / 2**30:.2f} GiB under the limit, {lifted / 2**30:.2f} GiB lifted")
     assert lifted < 0.6 * limited
+
+
+# --- Which buckets replay a step's rows (replay_plan.py) -------------------------------------------------------------
+
+
+def _brute_force_cost(rows: int, costs: dict[int, float]) -> float:
+    """The least total cost of any multiset of buckets covering ``rows`` (exhaustive, small cases only)."""
+    if rows <= 0:
+        return 0.0
+    return min(cost + _brute_force_cost(rows - b, costs) for b, cost in costs.items())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cheapest_cover_is_optimal_and_covers_the_rows(seed):
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import cheapest_cover, cover_slices
+
+    gen = torch.Generator().manual_seed(seed)
+    buckets = [1, 2, 4, 8]
+    # Costs as measured replays give them: a fixed part plus one growing with the bucket, with noise.
+    costs = {b: float(3 + b * (1 + torch.rand(1, generator=gen).item())) for b in buckets}
+    for rows in range(1, 20):
+        cover = cheapest_cover(rows, costs)
+        assert sum(cover) >= rows and cover == sorted(cover, reverse=True)
+        assert sum(costs[b] for b in cover) == pytest.approx(_brute_force_cost(rows, costs))
+        ranges = cover_slices(rows, cover)
+        assert [start for start, _, _ in ranges] == [0] + [stop for _, stop, _ in ranges[:-1]]
+        assert ranges[-1][1] == rows and all(stop - start <= b for start, stop, b in ranges)
+
+
+def test_modelled_costs_split_a_long_remainder_and_pad_a_short_one():
+    """Without measured times: 37 rows of 64-frame chunks decode as 32 + 4 + 1 (no padded row) where rounding up
+    replayed 64 (27 padded rows); 37 first chunks of 3 frames ride one replay of 64, their padding being cheaper
+    than two more replays."""
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import cheapest_cover, modelled_costs
+
+    buckets = list(DEFAULT_BATCH_BUCKETS)
+    assert cheapest_cover(37, modelled_costs(buckets, 64)) == [32, 4, 1]
+    assert cheapest_cover(37, modelled_costs(buckets, 3)) == [64]
+    assert cheapest_cover(128, modelled_costs(buckets, 64)) == [64, 64]
+    assert cheapest_cover(0, modelled_costs(buckets, 64)) == []
+
+
+class _StepReplay:
+    """Stands in for a captured stateful step: ``replay()`` runs the step on the static inputs."""
+
+    def __init__(self, codec, static) -> None:
+        self.codec, self.static = codec, static
+
+    def replay(self) -> None:
+        codes, lengths, slots, out = self.static
+        with torch.inference_mode():
+            out.copy_(self.codec.step(codes, lengths, slots))
+
+
+def _stand_in_streaming_graphs(codec, batches, frames, plan: str):
+    graphs = StreamingGraphs(codec, batches, frames, plan=plan)
+    for b in graphs.batch_buckets:
+        for t in graphs.frame_buckets:
+            static = (
+                torch.zeros(b, t, 4, dtype=torch.int64),
+                torch.full((b,), t, dtype=torch.int64),
+                codec.scratch_slots(b).clone(),
+                torch.empty(b, t * codec.decoder.samples_per_frame),
+            )
+            graphs.graphs[(b, t)], graphs.static[(b, t)] = _StepReplay(codec, static), static
+    return graphs
+
+
+@pytest.mark.parametrize("plan", ["cheapest", "round_up"])
+def test_planned_replays_stream_equal_to_eager_steps(codec, plan):
+    """Seven streams, two chunks each, through stand-in graphs of buckets 1, 2, 4: the cheapest plan (from the
+    replay times below) replays 2 + 2 + 2 + 1, rounding up 4 + 4 (one padded row); both equal eager steps."""
+    eager = CodecStreams(StreamingCodec(codec, num_slots=8, scratch_rows=4), max_piece_frames=8)
+    graphed_codec = StreamingCodec(codec, num_slots=8, scratch_rows=4)
+    graphs = _stand_in_streaming_graphs(graphed_codec, [1, 2, 4], [8], plan)
+    graphs.replay_ms = {(1, 8): 1.0, (2, 8): 1.2, (4, 8): 5.0} if plan == "cheapest" else {}
+    graphed = CodecStreams(graphed_codec, max_piece_frames=8, graphs=graphs)
+    expected = {"cheapest": [(0, 2, 2), (2, 4, 2), (4, 6, 2), (6, 7, 1)], "round_up": [(0, 4, 4), (4, 7, 4)]}
+    assert graphs.slices(7, 8) == expected[plan]
+    gen = torch.Generator().manual_seed(3)
+    utterances = [torch.randint(0, DEFAULT_CONFIG.codebook_size, (11, 4), generator=gen) for _ in range(7)]
+    for seq, (start, stop) in enumerate([(0, 5), (5, 11)]):
+        chunks = [StreamChunk(f"r{i}", u[start:stop], seq, stop == 11) for i, u in enumerate(utterances)]
+        for a, b in zip(graphed.decode(chunks), eager.decode(chunks), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert graphs.replays == 2 * len(expected[plan]) and graphs.eager_calls == 0
+    with pytest.raises(ValueError, match="replay plan must be one of cheapest, round_up"):
+        StreamingGraphs(graphed_codec, [1], [8], plan="fastest")

@@ -250,6 +250,11 @@ def test_stage_streams_equal_one_decode_and_whole_windows_stay_stateless(flat_ck
     assert stage.streams.live == 0
 
 
+def test_stage_refuses_an_unknown_replay_plan_at_load(flat_ckpt):
+    with pytest.raises(ValueError, match="codec_replay_plan must be one of cheapest, round_up; got 'fastest'"):
+        stateful_stage(flat_ckpt, slots=4, codec_replay_plan="fastest")
+
+
 def test_stage_frees_state_on_finish_and_abort_over_10000_requests(flat_ckpt):
     """10,000 one- and two-chunk streams, half ending with their last chunk, half aborted mid-stream
     (vLLM reports them through ``on_requests_finished``): no slot, no state tensor and no bookkeeping grows."""
@@ -293,6 +298,8 @@ def test_streaming_graphs_equal_eager(ckpt):
     graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
     graphs = StreamingGraphs(graphed_codec, batch_buckets=(1, 2, 4), frame_buckets=(1, 3, 8, 16))
     assert graphs.capture() == 12
+    # Every bucket's replay was timed after capture, for the cheapest replay plan.
+    assert set(graphs.replay_ms) == set(graphs.graphs) and min(graphs.replay_ms.values()) > 0
     graphed = CodecStreams(graphed_codec, max_piece_frames=16, graphs=graphs)
     utterances = {f"r{i}": codes(n, 30 + i).cuda() for i, n in enumerate((37, 5, 20, 16, 9))}
     a = stream_all(eager, {k: v.cpu() for k, v in utterances.items()}, (1, 3, 16, 20), seed=9)

@@ -66,6 +66,8 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
+#   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
+#            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -312,6 +314,14 @@ for phase in "$@"; do
     memory)
       memory_steps
       pack memory ;;
+    roundup)
+      checkpoints
+      variant kani_tts_round_up stages.1.additional_config.codec_replay_plan=round_up
+      serve_sweeps 0 round-up "$CK/par" stage_configs/kani_tts_round_up.yaml 330 250:64,256
+      cleanup
+      frames_check round-up
+      step_rates
+      pack roundup ;;
     chunk32)
       checkpoints
       variant kani_tts_chunk32 connectors.shm.extra.max_codec_chunk_frames=32

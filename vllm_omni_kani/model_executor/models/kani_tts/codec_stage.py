@@ -156,6 +156,12 @@ class KaniNanoCodecForGeneration(nn.Module):
         self.graphs: CodecGraphs | None = None
         # The state pool exists now, like the weights, so the memory profiler sees it.
         self.streams = self._make_streams() if self.chunk_policy.stateful else None
+        # How a step's rows split into graph replays (nanocodec/replay_plan.py); checked here, used at capture.
+        self.replay_plan = str(additional_config(vllm_config).get("codec_replay_plan", "cheapest"))
+        if self.replay_plan not in StreamingGraphs.PLANS:
+            raise ValueError(
+                f"codec_replay_plan must be one of {', '.join(StreamingGraphs.PLANS)}; got {self.replay_plan!r}"
+            )
         self._trace = trace_chunks()
         self.kernel_trace = KernelTrace("stage1", cuda=self.decoder.device.type == "cuda")
 
@@ -246,7 +252,9 @@ class KaniNanoCodecForGeneration(nn.Module):
             logger.info("Kani codec stage: CUDA graphs off (codec_cudagraph_batch_sizes is empty)")
             return
         if self.streams is not None:
-            graphs: CodecGraphs | StreamingGraphs = StreamingGraphs(self.streams.codec, batches, frames)
+            graphs: CodecGraphs | StreamingGraphs = StreamingGraphs(
+                self.streams.codec, batches, frames, plan=self.replay_plan
+            )
         else:
             graphs = CodecGraphs(self.decoder, batches, frames)
         started = time.perf_counter()
@@ -259,6 +267,16 @@ class KaniNanoCodecForGeneration(nn.Module):
             return
         if isinstance(graphs, StreamingGraphs):
             self.streams.graphs = graphs
+            if graphs.replay_ms:
+                smallest, largest = min(graphs.replay_ms), max(graphs.replay_ms)
+                logger.info(
+                    "Kani codec stage: replays planned from measured times "
+                    "(batch %d x %d frames %.1f ms ... batch %d x %d frames %.1f ms)",
+                    *smallest,
+                    graphs.replay_ms[smallest],
+                    *largest,
+                    graphs.replay_ms[largest],
+                )
         else:
             self.graphs = graphs
         device = self.decoder.device

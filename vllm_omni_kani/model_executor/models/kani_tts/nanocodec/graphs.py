@@ -19,6 +19,11 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import NanoCodecDecoder
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import (
+    cheapest_cover,
+    cover_slices,
+    modelled_costs,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 # Streaming windows are [left context (<= 28) | new frames (initial 3, then 16)]: up to 44 frames; 48 covers
@@ -47,6 +52,19 @@ def block_splitting(restore_max_split_mb: int | None = VLLM_LOAD_MAX_SPLIT_MB) -
         yield
     finally:
         torch._C._accelerator_setAllocatorSettings(f"max_split_size_mb:{restore_max_split_mb}")
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int = 3) -> float:
+    """Best of ``repeat`` timed replays of a captured graph, in ms (CUDA events on the current stream)."""
+    best = float("inf")
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        best = min(best, start.elapsed_time(stop))
+    return best
 
 
 def round_up(value: int, buckets: Sequence[int]) -> int | None:
@@ -154,19 +172,31 @@ class StreamingGraphs:
     Static inputs per bucket: codes ``[B, T, G]``, lengths ``[B]`` and slots ``[B]``. A replay fills the first
     rows and points the padded rows at distinct scratch slots with length 0, so they leave every live state alone.
     The state pool lives outside the graphs' memory pool; replays read and write it in place.
+
+    ``plan``: how a step's rows are split into replays. ``cheapest`` (default): the batch buckets of least total
+    replay time (``replay_plan.py``), timed once per bucket after capture. ``round_up``: full slices of the largest
+    bucket, the rest rounded up to the next bucket.
     """
+
+    PLANS = ("cheapest", "round_up")
 
     def __init__(
         self,
         codec: StreamingCodec,
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
         frame_buckets: Sequence[int] = DEFAULT_FRAME_BUCKETS,
+        plan: str = "cheapest",
     ) -> None:
+        if plan not in self.PLANS:
+            raise ValueError(f"replay plan must be one of {', '.join(self.PLANS)}; got {plan!r}")
         self.codec = codec
         self.batch_buckets = sorted({int(b) for b in batch_buckets if 0 < int(b) <= codec.scratch_rows})
         self.frame_buckets = sorted({int(t) for t in frame_buckets if int(t) > 0})
+        self.plan = plan
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.static: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.replay_ms: dict[tuple[int, int], float] = {}  # measured after capture
+        self._covers: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         self.replays = 0
         self.eager_calls = 0
 
@@ -192,7 +222,24 @@ class StreamingGraphs:
             device, self.batch_buckets, self.frame_buckets, inputs, self.codec.step
         ).items():
             self.graphs[key], self.static[key] = graph, (codes, lengths, slots, out)
+        if self.plan == "cheapest":
+            self.replay_ms = {key: replay_ms(graph) for key, graph in self.graphs.items()}
         return len(self.graphs)
+
+    def slices(self, rows: int, t_bucket: int) -> list[tuple[int, int, int]]:
+        """``(start, stop, batch bucket)`` replays for ``rows`` rows of frame bucket ``t_bucket`` (cached)."""
+        key = (rows, t_bucket)
+        if key not in self._covers:
+            if self.plan == "round_up":
+                full = batch_slices(rows, self.batch_buckets[-1])
+                cover = [round_up(stop - start, self.batch_buckets) for start, stop in full]
+            else:
+                costs = {b: self.replay_ms.get((b, t_bucket)) for b in self.batch_buckets}
+                if any(cost is None for cost in costs.values()):
+                    costs = modelled_costs(self.batch_buckets, t_bucket)
+                cover = cheapest_cover(rows, costs)
+            self._covers[key] = cover_slices(rows, cover)
+        return self._covers[key]
 
     @torch.inference_mode()
     def __call__(self, codes: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -204,9 +251,8 @@ class StreamingGraphs:
             return self.codec.step(codes, lengths, slots)
         spf = self.codec.decoder.samples_per_frame
         out = torch.empty(batch, frames * spf, dtype=self.codec.decoder.dtype, device=codes.device)
-        for start, stop in batch_slices(batch, self.batch_buckets[-1]):
+        for start, stop, b_bucket in self.slices(batch, t_bucket):
             rows = stop - start
-            b_bucket = round_up(rows, self.batch_buckets)
             s_codes, s_lengths, s_slots, s_out = self.static[(b_bucket, t_bucket)]
             s_codes[:rows, :frames].copy_(codes[start:stop])
             s_lengths[:rows].copy_(lengths[start:stop])
