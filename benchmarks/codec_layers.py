@@ -71,7 +71,8 @@ def best_ms(fn: Callable[[], object], repeat: int) -> float:
 def sections(
     decoder: NanoCodecDecoder, batch: int, frames: int, repeat: int, channels_last_below: int | None
 ) -> list[dict]:
-    """Milliseconds per section of one stateful step (the step's own code path, timed between sections)."""
+    """Milliseconds per section of one stateful step (the step's code path, as ``StreamingCodec.step`` runs it,
+    timed between sections)."""
     codec = StreamingCodec(decoder, num_slots=batch, scratch_rows=1, channels_last_below=channels_last_below)
     codes = torch.randint(0, decoder.config.codebook_size, (batch, frames, decoder.config.num_codebooks), device="cuda")
     lengths = torch.full((batch,), frames, dtype=torch.int64, device="cuda")
@@ -89,23 +90,24 @@ def sections(
                 event.record()
                 events.append((name, event))
 
+        codec._spans.clear()  # as StreamingCodec.step does at each step's start
         with cudnn_tf32(d.allow_tf32):
             mark("start")
             x = codec._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
             mark("pre_conv")
-            rate = 1
+            rate, at_rate = 1, lengths
             for i, (act, up, res) in enumerate(zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)):
-                x = codec._upsample(up, act, x, lengths * rate, slots)
-                rate *= up.rate
+                x = codec._upsample(up, act, x, at_rate, slots)
+                rate, at_rate = rate * up.rate, at_rate * up.rate
                 mark(f"upsample {i} (x{up.rate}, {x.shape[1]} ch)")
                 channels, channels_last = x.shape[1], i in codec.channels_last_layers
                 if channels_last:
                     x = to_channels_last(x, padded_channels(channels))
-                x = codec._residual_layer(res, x, lengths * rate, slots)
+                x = codec._residual_layer(res, x, at_rate, slots)
                 if channels_last:
                     x = x[..., :channels].transpose(1, 2).contiguous()
                 mark(f"residual layer {i} ({channels} ch, {rate} samples/frame)")
-            x = codec._conv(d.post_conv, x, lengths * rate, slots, d.post_activation)
+            x = codec._conv(d.post_conv, x, at_rate, slots, d.post_activation)
             mark("post_conv")
         if record:
             events[-1][1].synchronize()

@@ -90,6 +90,7 @@ class StreamingCodec:
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self.slot_of: dict[str, int] = {}
         self._weights_2d: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._spans: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # one step's, see _span
         self.refresh()
 
     def _new_state(self, module: CausalConv | CausalUpsample, rows: int) -> torch.Tensor:
@@ -166,20 +167,36 @@ class StreamingCodec:
         Returns ``[B, T·spf]`` audio; samples past ``lengths[b]·spf`` of a row are meaningless.
         """
         d = self.decoder
-        with cudnn_tf32(d.allow_tf32):
-            x = self._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
-            rate = 1
-            for i, (act, up, res) in enumerate(zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)):
-                x = self._upsample(up, act, x, lengths * rate, slots)
-                rate *= up.rate
-                channels, channels_last = x.shape[1], i in self.channels_last_layers
-                if channels_last:
-                    x = to_channels_last(x, padded_channels(channels))
-                x = self._residual_layer(res, x, lengths * rate, slots)
-                if channels_last:
-                    x = x[..., :channels].transpose(1, 2).contiguous()
-            x = self._conv(d.post_conv, x, lengths * rate, slots, d.post_activation)
+        self._spans.clear()
+        try:
+            with cudnn_tf32(d.allow_tf32):
+                x = self._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
+                at_rate = lengths  # valid inputs per row at the current layer's rate: one tensor per rate
+                for i, (act, up, res) in enumerate(
+                    zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)
+                ):
+                    x = self._upsample(up, act, x, at_rate, slots)
+                    at_rate = at_rate * up.rate
+                    channels, channels_last = x.shape[1], i in self.channels_last_layers
+                    if channels_last:
+                        x = to_channels_last(x, padded_channels(channels))
+                    x = self._residual_layer(res, x, at_rate, slots)
+                    if channels_last:
+                        x = x[..., :channels].transpose(1, 2).contiguous()
+                x = self._conv(d.post_conv, x, at_rate, slots, d.post_activation)
+        finally:
+            self._spans.clear()
         return torch.clamp(x, -1.0, 1.0)[:, 0]
+
+    def _span(self, lengths: torch.Tensor, context: int) -> torch.Tensor:
+        """``[B, context]`` positions of each row's last ``context`` valid inputs in its joined buffer, made once per
+        (rate, context) in a step: the 18 convs of a residual layer share 6 contexts, so 2 of each conv's ~9 kernels
+        (in every graph replay) go."""
+        key = (id(lengths), context)
+        if key not in self._spans:
+            # The entry keeps lengths alive, so its id names the same tensor until the step clears the cache.
+            self._spans[key] = (lengths, lengths[:, None] + torch.arange(context, device=lengths.device))
+        return self._spans[key][1]
 
     def _with_state(
         self,
@@ -210,7 +227,7 @@ class StreamingCodec:
         else:  # the activation works on [B, C, T] views
             act.write(x.transpose(1, 2), new.transpose(1, 2))
         # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
-        span = lengths[:, None] + torch.arange(context, device=x.device)
+        span = self._span(lengths, context)
         if time_dim == 2:
             take = span[:, None, :].expand(-1, x.shape[1], -1)
         else:
