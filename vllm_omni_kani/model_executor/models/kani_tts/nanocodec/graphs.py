@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -25,6 +26,8 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import 
     modelled_costs,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
+
+logger = logging.getLogger(__name__)
 
 # Streaming windows are [left context (<= 28) | new frames (initial 3, then 16)]: up to 44 frames; 48 covers
 # them with 8-frame steps (a padded frame costs ~1/40 of a window, a graph ~0.3 s to capture).
@@ -224,7 +227,11 @@ class StreamingGraphs:
         ).items():
             self.graphs[key], self.static[key] = graph, (codes, lengths, slots, out)
         if self.plan == "cheapest":
-            self.replay_ms = {key: replay_ms(graph) for key, graph in self.graphs.items()}
+            try:
+                self.replay_ms = {key: replay_ms(graph) for key, graph in self.graphs.items()}
+            except RuntimeError:  # the graphs stand; plans fall back to modelled costs
+                logger.warning("codec graphs: timing the replays failed; replays planned from modelled costs")
+                self.replay_ms = {}
         return len(self.graphs)
 
     def slices(self, rows: int, t_bucket: int) -> list[tuple[int, int, int]]:
