@@ -32,8 +32,6 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDec
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import LRELU_SLOPE, CausalConv, cudnn_tf32
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import (
     StreamingCodec,
-    padded_channels,
-    to_channels_last,
 )
 from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors
 
@@ -90,25 +88,8 @@ def sections(
                 event.record()
                 events.append((name, event))
 
-        codec._spans.clear()  # as StreamingCodec.step does at each step's start
-        with cudnn_tf32(d.allow_tf32):
-            mark("start")
-            x = codec._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
-            mark("pre_conv")
-            rate, at_rate = 1, lengths
-            for i, (act, up, res) in enumerate(zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)):
-                x = codec._upsample(up, act, x, at_rate, slots)
-                rate, at_rate = rate * up.rate, at_rate * up.rate
-                mark(f"upsample {i} (x{up.rate}, {x.shape[1]} ch)")
-                channels, channels_last = x.shape[1], i in codec.channels_last_layers
-                if channels_last:
-                    x = to_channels_last(x, padded_channels(channels))
-                x = codec._residual_layer(res, x, at_rate, slots)
-                if channels_last:
-                    x = x[..., :channels].transpose(1, 2).contiguous()
-                mark(f"residual layer {i} ({channels} ch, {rate} samples/frame)")
-            x = codec._conv(d.post_conv, x, at_rate, slots, d.post_activation)
-            mark("post_conv")
+        mark("start")
+        codec.step(codes, lengths, slots, on_section=mark)
         if record:
             events[-1][1].synchronize()
             for (_, a), (name, b) in itertools.pairwise(events):

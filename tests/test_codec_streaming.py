@@ -110,6 +110,18 @@ def test_channels_last_layers_stream_equal_one_shot_decode(decoder, below, layer
             assert not state[..., layer.weight.shape[1] :].any()
 
 
+def test_a_step_names_its_sections_in_order(decoder):
+    """``on_section`` (benchmarks/codec_layers.py times the step with it) hears every section once, in order."""
+    codec = StreamingCodec(decoder, num_slots=2, scratch_rows=1, channels_last_below=20)
+    names: list[str] = []
+    utt = codes(4, 3)[None]
+    with torch.inference_mode():
+        codec.step(utt, torch.tensor([4]), torch.tensor([0]), on_section=names.append)
+    assert names[0] == "pre_conv" and names[-1] == "post_conv" and len(names) == 12
+    assert names[1:3] == ["upsample 0 (x7, 48 ch)", "residual layer 0 (48 ch, 7 samples/frame)"]
+    assert names[-2] == "residual layer 4 (3 ch, 1764 samples/frame)"
+
+
 def test_stream_in_float64_equals_one_shot_to_rounding(ckpt):
     decoder = load_codec(ckpt, dtype=torch.float64)
     utt = codes(50, 7)

@@ -22,6 +22,8 @@ output are converted once each. CPUs keep every layer channel-major unless asked
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -159,31 +161,44 @@ class StreamingCodec:
 
     # -- the decode ------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self, codes: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def step(
+        self,
+        codes: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        on_section: Callable[[str], None] | None = None,
+    ) -> torch.Tensor:
         """Decode the next frames of ``B`` streams and advance their states.
 
         codes: ``[B, T, G]`` int64 on the decoder's device, row ``b`` valid for its first ``lengths[b]`` frames.
         lengths: ``[B]`` int64 (device), 0..T. slots: ``[B]`` int64 (device), distinct.
         Returns ``[B, T·spf]`` audio; samples past ``lengths[b]·spf`` of a row are meaningless.
+        ``on_section``: called with a section's name after each (pre-conv, up-sampler, residual layer, post-conv) is
+        issued, for ``benchmarks/codec_layers.py``'s timings.
         """
         d = self.decoder
+        mark = on_section or (lambda _: None)
         self._spans.clear()
         try:
             with cudnn_tf32(d.allow_tf32):
                 x = self._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
-                at_rate = lengths  # valid inputs per row at the current layer's rate: one tensor per rate
+                mark("pre_conv")
+                rate, at_rate = 1, lengths  # valid inputs per row at the current layer's rate: one tensor per rate
                 for i, (act, up, res) in enumerate(
                     zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)
                 ):
                     x = self._upsample(up, act, x, at_rate, slots)
-                    at_rate = at_rate * up.rate
+                    rate, at_rate = rate * up.rate, at_rate * up.rate
                     channels, channels_last = x.shape[1], i in self.channels_last_layers
+                    mark(f"upsample {i} (x{up.rate}, {channels} ch)")
                     if channels_last:
                         x = to_channels_last(x, padded_channels(channels))
                     x = self._residual_layer(res, x, at_rate, slots)
                     if channels_last:
                         x = x[..., :channels].transpose(1, 2).contiguous()
+                    mark(f"residual layer {i} ({channels} ch, {rate} samples/frame)")
                 x = self._conv(d.post_conv, x, at_rate, slots, d.post_activation)
+                mark("post_conv")
         finally:
             self._spans.clear()
         return torch.clamp(x, -1.0, 1.0)[:, 0]
