@@ -24,7 +24,11 @@ from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStr
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder, fused, load_decoder_state
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEPTIVE_FIELD_FRAMES
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import PRECISIONS
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import CodecGraphs, StreamingGraphs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    CodecGraphs,
+    StreamingGraphs,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors
 
@@ -106,19 +110,29 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         run = (lambda: graphs(codes)) if cuda else (lambda: decoder(codes))
     else:
         frames = new
+        planned = args.replay_plan != "none"
         codec = StreamingCodec(
-            decoder, num_slots=batch, scratch_rows=slice_rows, channels_last_below=args.channels_last_below
+            decoder,
+            num_slots=batch,
+            scratch_rows=args.max_graph_batch if planned else slice_rows,
+            channels_last_below=args.channels_last_below,
         )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
         slots = torch.arange(batch, device=decoder.device)
-        graphs = StreamingGraphs(codec, [slice_rows], [frames])
+        if planned:  # the shipped batch buckets, the rows split by the plan under test
+            buckets = [b for b in DEFAULT_BATCH_BUCKETS if b <= args.max_graph_batch]
+            graphs = StreamingGraphs(codec, buckets, [frames], plan=args.replay_plan)
+        else:
+            graphs = StreamingGraphs(codec, [slice_rows], [frames])
         graphs.capture()
         run = (lambda: graphs(codes, lengths, slots)) if cuda else (lambda: codec.step(codes, lengths, slots))
     seconds = timed(run, args.repeat, cuda)
     fps = batch * new / seconds
     return {
         "mode": mode,
+        "replay_plan": args.replay_plan if mode == "stateful" else "none",
+        "replays_per_step": len(graphs.slices(batch, frames)) if mode == "stateful" and cuda else None,
         "precision": decoder.precision,
         "activations": "fused" if decoder.fused_activations else "eager",
         "batch": batch,
@@ -153,6 +167,13 @@ def main() -> None:
         type=int,
         default=None,
         help="stateful codec: residual layers narrower than this run channels-last (default: the device's default)",
+    )
+    parser.add_argument(
+        "--replay-plan",
+        default="none",
+        choices=("none", "cheapest", "round_up"),
+        help="stateful rows: capture the shipped batch buckets and split the rows by this plan (default: one bucket "
+        "of min(batch, --max-graph-batch) rows, full slices)",
     )
     parser.add_argument("--tag", default="", help="suffix of the JSON's name")
     parser.add_argument("--out", type=Path, default=None, help="write codec-streaming{TAG}.json here")

@@ -10,7 +10,7 @@
 #            batch 64 x 64 and 64 x 16 frames (benchmarks/codec_layers.py)
 #   codecl   the narrow residual layers channels-last (the CUDA default) against channel-major: Stage 1 alone (SNR,
 #            new frames/s at chunks 16 and 64) and the step section by section, each way (no staged bundle needed;
-#            EXTRA_BELOW=512 adds every layer channels-last);
+#            EXTRA_BELOW=512 adds every layer channels-last); then the replay plans at 37 and 100 rows;
 #            codectests: the CUDA-only codec tests
 #   channelmajor  `served` with the codec's layers all channel-major (codec_channels_last_below 0), the layout
 #            before the channels-last layers; send beside `served`
@@ -199,6 +199,12 @@ for phase in "$@"; do
           --batches 64 256 --chunks 16 64 --precisions tf32 --activations fused --out "$R" --tag="-cl-$below" "${args[@]}"
         step "codec-sections-cl-$below" 120 python3 benchmarks/codec_layers.py --batch 64 --frames 64 --max-channels 0 \
           --out "$R/codec-layers" --tag="-cl-$below" "${args[@]}"
+      done
+      # The replay plan alone: 37 and 100 rows of 64-frame chunks (remainders the plans split differently).
+      for plan in cheapest round_up; do
+        step "codec-streaming-plan-$plan" 240 python3 benchmarks/bench_codec_streaming.py --device cuda \
+          --batches 37 100 --chunks 64 --precisions tf32 --activations fused --replay-plan "$plan" \
+          --out "$R" --tag="-plan-$plan"
       done
       pack codecl ;;
     codectests)
