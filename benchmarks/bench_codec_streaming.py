@@ -26,6 +26,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.config import RECEP
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import PRECISIONS
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
     DEFAULT_BATCH_BUCKETS,
+    REPLAY_PLANS,
     CodecGraphs,
     StreamingGraphs,
 )
@@ -171,7 +172,7 @@ def main() -> None:
     parser.add_argument(
         "--replay-plan",
         default="none",
-        choices=("none", "cheapest", "round_up"),
+        choices=("none", *REPLAY_PLANS),
         help="stateful rows: capture the shipped batch buckets and split the rows by this plan (default: one bucket "
         "of min(batch, --max-graph-batch) rows, full slices)",
     )

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from audio_vs_frames import log_lines
 
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import DEFAULT_BATCH_BUCKETS, batch_slices, round_up
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import (
-    REPLAY_OVERHEAD_FRAMES,
-    cheapest_cover,
-    modelled_costs,
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
+    DEFAULT_BATCH_BUCKETS,
+    replay_cover,
+    round_up,
 )
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import REPLAY_OVERHEAD_FRAMES
 
 _STEP = re.compile(r"kani trace: stage1 decode windows=(\[.*?\])")
 # The shipped frame buckets (codec_stage._graph_buckets for the shipped chunking: every 8 frames to 64, plus 3).
@@ -43,10 +43,7 @@ def plan_totals(trace: list[list[int]], plan: str, batch_buckets: list[int]) -> 
         groups = Counter(round_up(new, FRAME_BUCKETS) for new in rows)
         real += sum(rows)
         for frames, count in groups.items():
-            if plan == "round_up":
-                cover = [round_up(b - a, batch_buckets) for a, b in batch_slices(count, batch_buckets[-1])]
-            else:
-                cover = cheapest_cover(count, modelled_costs(batch_buckets, frames))
+            cover = replay_cover(count, frames, plan, batch_buckets)  # no times: the cheapest plan models them
             decoded += sum(cover) * frames
             replays += len(cover)
     return {

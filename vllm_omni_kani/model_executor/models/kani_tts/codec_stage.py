@@ -57,6 +57,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
     CodecGraphs,
     StreamingGraphs,
     block_splitting,
+    check_replay_plan,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
@@ -157,11 +158,9 @@ class KaniNanoCodecForGeneration(nn.Module):
         # The state pool exists now, like the weights, so the memory profiler sees it.
         self.streams = self._make_streams() if self.chunk_policy.stateful else None
         # How a step's rows split into graph replays (nanocodec/replay_plan.py); checked here, used at capture.
-        self.replay_plan = str(additional_config(vllm_config).get("codec_replay_plan", "cheapest"))
-        if self.replay_plan not in StreamingGraphs.PLANS:
-            raise ValueError(
-                f"codec_replay_plan must be one of {', '.join(StreamingGraphs.PLANS)}; got {self.replay_plan!r}"
-            )
+        self.replay_plan = check_replay_plan(
+            str(additional_config(vllm_config).get("codec_replay_plan", "cheapest")), "codec_replay_plan"
+        )
         self._trace = trace_chunks()
         self.kernel_trace = KernelTrace("stage1", cuda=self.decoder.device.type == "cuda")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -69,6 +69,35 @@ def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int = 2) -> float:
         stop.synchronize()
         best = min(best, start.elapsed_time(stop))
     return best
+
+
+REPLAY_PLANS = ("cheapest", "round_up")
+
+
+def check_replay_plan(plan: str, name: str = "replay plan") -> str:
+    """``plan`` when it names a replay plan, else a ValueError naming the setting (``name``)."""
+    if plan not in REPLAY_PLANS:
+        raise ValueError(f"{name} must be one of {', '.join(REPLAY_PLANS)}; got {plan!r}")
+    return plan
+
+
+def replay_cover(
+    rows: int,
+    frames: int,
+    plan: str,
+    batch_buckets: Sequence[int],
+    replay_ms: Mapping[tuple[int, int], float] | None = None,
+) -> list[int]:
+    """The batch buckets (largest first) that replay ``rows`` rows of frame bucket ``frames`` under ``plan``:
+    ``round_up``, full slices of the largest bucket and the rest rounded up; ``cheapest``, the least total of
+    ``replay_ms`` per (batch, frames) bucket, or of modelled costs where a bucket has no time."""
+    buckets = list(batch_buckets)
+    if check_replay_plan(plan) == "round_up":
+        return [round_up(stop - start, buckets) for start, stop in batch_slices(rows, buckets[-1])]
+    costs = {b: (replay_ms or {}).get((b, frames)) for b in buckets}
+    if any(cost is None for cost in costs.values()):
+        costs = modelled_costs(buckets, frames)
+    return cheapest_cover(rows, costs)
 
 
 def round_up(value: int, buckets: Sequence[int]) -> int | None:
@@ -182,8 +211,6 @@ class StreamingGraphs:
     bucket, the rest rounded up to the next bucket.
     """
 
-    PLANS = ("cheapest", "round_up")
-
     def __init__(
         self,
         codec: StreamingCodec,
@@ -191,12 +218,10 @@ class StreamingGraphs:
         frame_buckets: Sequence[int] = DEFAULT_FRAME_BUCKETS,
         plan: str = "cheapest",
     ) -> None:
-        if plan not in self.PLANS:
-            raise ValueError(f"replay plan must be one of {', '.join(self.PLANS)}; got {plan!r}")
+        self.plan = check_replay_plan(plan)
         self.codec = codec
         self.batch_buckets = sorted({int(b) for b in batch_buckets if 0 < int(b) <= codec.scratch_rows})
         self.frame_buckets = sorted({int(t) for t in frame_buckets if int(t) > 0})
-        self.plan = plan
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.static: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.replay_ms: dict[tuple[int, int], float] = {}  # measured after capture
@@ -238,14 +263,7 @@ class StreamingGraphs:
         """``(start, stop, batch bucket)`` replays for ``rows`` rows of frame bucket ``t_bucket`` (cached)."""
         key = (rows, t_bucket)
         if key not in self._covers:
-            if self.plan == "round_up":
-                full = batch_slices(rows, self.batch_buckets[-1])
-                cover = [round_up(stop - start, self.batch_buckets) for start, stop in full]
-            else:
-                costs = {b: self.replay_ms.get((b, t_bucket)) for b in self.batch_buckets}
-                if any(cost is None for cost in costs.values()):
-                    costs = modelled_costs(self.batch_buckets, t_bucket)
-                cover = cheapest_cover(rows, costs)
+            cover = replay_cover(rows, t_bucket, self.plan, self.batch_buckets, self.replay_ms)
             self._covers[key] = cover_slices(rows, cover)
         return self._covers[key]
 
