@@ -157,6 +157,27 @@ def test_six_concurrent_requests_each_equal_their_solo_run(server):
     assert len({a.tobytes() for a in solo}) == 6
 
 
+def test_codec_steps_are_bounded_in_frames_and_held_chunks_still_decode(server):
+    """kani_tts_cpu.yaml bounds a codec step to 32 frames: six streams whose 9-frame last chunks arrive together
+    cannot all go in one step, so some wait a step (the scheduler says so in its summary line), and every stream's
+    audio is still all of its frames."""
+    budget = 32
+    assert f"Kani codec scheduler: at most {budget} frames a step" in server.log_text()
+    texts = [f"Held chunk test {i}, {'with more words ' * i}." for i in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        audio = list(pool.map(lambda t: wav_samples(speech(server, input=t, temperature=0.0))[0], texts))
+    assert [a.shape[0] for a in audio] == [FRAMES * SAMPLES_PER_FRAME] * 6
+    # At most one line per 10 s, so an earlier test's streams may be the ones it counts.
+    pattern = re.compile(
+        r"Kani codec scheduler: .* held (\d+) chunks .*\(budget (\d+) frames; largest step (\d+) frames\)"
+    )
+    wait_for(lambda: pattern.search(server.log_text()) is not None, timeout_s=15.0)
+    lines = pattern.findall(server.log_text())
+    assert sum(int(held) for held, _, _ in lines) > 0
+    # A step: first chunks (3 frames each, at most max_num_seqs 8 of them) plus at most the budget.
+    assert all(int(b) == budget and int(largest) <= 8 * 3 + budget for _, b, largest in lines), lines
+
+
 def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_its_frames(server, tmp_path):
     """Under async_chunk Stage 0 sends the API server its final output only (nothing there uses its per-step ones):
     its stats still count every token, and each request's audio is exactly those frames, read from the server log

@@ -30,6 +30,8 @@ CODEC_STAGE = "kani_codec"
 # Architectures the stages run under (registered by vllm_omni_kani.register()).
 STAGE0_ARCH = {"parallel": PARALLEL_ARCH, "flattened": FLATTENED_STAGE_ARCH}
 CODEC_ARCH = "KaniNanoCodecForGeneration"
+# Stage 1's steps are bounded in codec frames, first chunks first (codec_step_max_frames).
+CODEC_SCHEDULER = "vllm_omni_kani.core.sched.codec_scheduler.KaniCodecScheduler"
 
 _PROC = "vllm_omni_kani.model_executor.stage_input_processors.kani_tts"
 _LM_CONSTRAINTS = {"detokenize": False, "stop_token_ids": [tl.END_OF_SPEECH]}
@@ -76,6 +78,7 @@ def _two_stage(variant: str) -> PipelineConfig:
                 final_output_type="audio",
                 engine_output_type="audio",
                 model_arch=CODEC_ARCH,
+                scheduler_cls=CODEC_SCHEDULER,
                 sync_process_input_func=f"{_PROC}.{variant}_sync_inputs",
                 sampling_constraints={"detokenize": False},
             ),

@@ -1,0 +1,166 @@
+"""Stage 1's scheduler: a codec step takes at most ``codec_step_max_frames`` frames, earliest chunks first.
+
+vLLM-Omni's generation scheduler puts every chunk that has arrived into the next step. Under load a codec step
+decodes thousands of frames (256 streams of 64-frame chunks: ~16,000 frames, about a second), and a new stream's
+3-frame first chunk that arrives meanwhile waits for all of it: served at 256 streams the codec's first audio came
+650-850 ms after a request reached Stage 1, though it needs only ~0.1 s of Stage 0 (docs/BENCHMARKS.md). Bounding
+a step in frames bounds that wait to one bounded step.
+
+Which chunks go first: every first chunk (a new stream: it is what its client is waiting for), then the others in
+the running queue's order. Chunks past the budget are not dropped: their requests keep their chunk, stay ready and
+go to the head of the queue, and the head always goes, so every chunk runs within a few steps and one larger than
+the budget still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.v1.request import Request
+from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
+
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
+
+logger = logging.getLogger(__name__)
+
+# Frames one codec step may take (Stage 1 additional_config codec_step_max_frames; 0 = no bound). 1,024 frames are
+# ~60 ms of the codec alone on an H100 (~17,500 frames/s at batch 64, docs/BENCHMARKS.md): a first chunk waits at
+# most about that long for the step in flight, where an unbounded step at 256 streams ran about a second.
+DEFAULT_STEP_MAX_FRAMES = 1024
+# The scheduler logs what the bound did when it held chunks back, at most this often.
+SUMMARY_INTERVAL_S = 10.0
+
+
+def chunk_frames(request: Any) -> int:
+    """Frames of the chunk a request carries (``additional_information``, where the connector put it)."""
+    info = getattr(request, "additional_information", None)
+    codes = info.get("codes") if isinstance(info, dict) else None
+    shape = getattr(codes.get("audio") if isinstance(codes, dict) else None, "shape", None)
+    return int(shape[0]) if shape else 0
+
+
+def deferred_from(frames: Sequence[int], committed: int, budget: int) -> int:
+    """Index from which the running requests' chunks (``frames``, in queue order) wait for a later step.
+
+    ``committed`` frames are in the step already (first chunks, which always go). The queue's head always goes,
+    even alone over the budget, so nothing waits forever; the rest go in order while the step stays within
+    ``budget``, and from the first that does not fit on everything waits (no smaller chunk jumps the queue).
+    ``budget`` <= 0: nothing waits (returns ``len(frames)``).
+    """
+    if budget <= 0 or not frames:
+        return len(frames)
+    total = committed + frames[0]
+    for i in range(1, len(frames)):
+        total += frames[i]
+        if total > budget:
+            return i
+    return len(frames)
+
+
+@dataclass
+class BudgetStats:
+    """What the bound did since the last summary line."""
+
+    steps: int = 0
+    bounded_steps: int = 0
+    deferred: int = 0
+    largest_step_frames: int = 0
+    since: float = 0.0
+
+
+class KaniCodecScheduler(OmniGenerationScheduler):
+    """vLLM-Omni's generation scheduler with each step bounded in codec frames (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.step_max_frames = step_max_frames(additional_config(self.vllm_config))
+        self._deferred: list[Request] = []
+        self._stats = BudgetStats(since=time.monotonic())
+        self._last_summary: float | None = None
+        adapter = self.chunk_transfer_adapter
+        if adapter is not None and self.step_max_frames > 0:
+            # The budget applies right after this step's chunks were received, before the step is assembled.
+            receive = adapter.process_pending_chunks
+
+            def receive_then_bound(waiting: Any, running: list[Request], **kw: Any) -> None:
+                receive(waiting, running, **kw)
+                self._defer_over_budget(waiting, running)
+
+            adapter.process_pending_chunks = receive_then_bound
+        logger.info(
+            "Kani codec scheduler: at most %s frames a step, first chunks first",
+            self.step_max_frames if self.step_max_frames > 0 else "(no bound)",
+        )
+
+    def _ready(self, requests: Iterable[Request]) -> list[Request]:
+        """The requests that carry a chunk not yet decoded (what the step would take)."""
+        return [
+            r for r in requests if r.request_id in self.requests and len(r.prompt_token_ids) - r.num_computed_tokens > 0
+        ]
+
+    def _defer_over_budget(self, waiting: Any, running: list[Request]) -> None:
+        """Move the running requests whose chunks do not fit this step out of ``running`` until it is assembled."""
+        committed = sum(chunk_frames(r) for r in self._ready(waiting))
+        ready = self._ready(running)
+        frames = [chunk_frames(r) for r in ready]
+        if not frames and not committed:
+            return  # an idle tick: nothing arrived
+        cut = deferred_from(frames, committed, self.step_max_frames)
+        stats = self._stats
+        stats.steps += 1
+        stats.largest_step_frames = max(stats.largest_step_frames, committed + sum(frames[:cut]))
+        if cut == len(ready):
+            return
+        stats.bounded_steps += 1
+        stats.deferred += len(ready) - cut
+        self._deferred = ready[cut:]
+        held = {id(r) for r in self._deferred}
+        running[:] = [r for r in running if id(r) not in held]
+        # Held requests still occupy the stage: new ones are admitted against max_num_seqs as if they were running.
+        self.max_num_running_reqs -= len(self._deferred)
+
+    def schedule(self, throttle_prefills: bool = False) -> Any:
+        try:
+            return super().schedule(throttle_prefills)
+        finally:
+            if self._deferred:
+                # First in line next step.
+                self.running[:0] = self._deferred
+                self.max_num_running_reqs += len(self._deferred)
+                self._deferred = []
+            self._maybe_log_summary()
+
+    def _maybe_log_summary(self) -> None:
+        """A line when the bound held chunks back, at most every ``SUMMARY_INTERVAL_S`` (counts since the last)."""
+        stats = self._stats
+        now = time.monotonic()
+        if not stats.deferred or (self._last_summary is not None and now - self._last_summary < SUMMARY_INTERVAL_S):
+            return
+        logger.info(
+            "Kani codec scheduler: %d of %d steps in the last %.1f s held %d chunks for a later step "
+            "(budget %d frames; largest step %d frames)",
+            stats.bounded_steps,
+            stats.steps,
+            now - stats.since,
+            stats.deferred,
+            self.step_max_frames,
+            stats.largest_step_frames,
+        )
+        self._last_summary = now
+        self._stats = BudgetStats(since=now)
+
+
+def step_max_frames(config: Any) -> int:
+    """``codec_step_max_frames`` of a Stage-1 ``additional_config`` (default ``DEFAULT_STEP_MAX_FRAMES``)."""
+    raw = config.get("codec_step_max_frames", DEFAULT_STEP_MAX_FRAMES)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"codec_step_max_frames must be an integer (0: no bound), got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"codec_step_max_frames must be >= 0 (0: no bound), got {value}")
+    return value
