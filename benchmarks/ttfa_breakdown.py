@@ -26,9 +26,11 @@ from audio_vs_frames import log_lines, requests
 from vllm_omni_kani.benchmarks.bench_tts import percentile
 
 _TRACE = re.compile(r"\[KaniTTFA\] request_id=(\S+) outcome=(\S+) (.*)")
-# (name, from, to): consecutive points of a request's way to its first byte; "sent" and "first_byte" are the client's.
+# (name, from, to): consecutive points of a request's way to its first byte; "sent", "writing" (the client starts
+# writing the request to its socket) and "first_byte" are the client's.
 SEGMENTS = (
-    ("client send -> admitted (connect, HTTP parsing, event loop)", "sent", "arrived"),
+    ("client send -> writing the request (the client: connection, serialization, its event loop)", "sent", "writing"),
+    ("writing -> admitted (the server: accept, HTTP parsing, event loop)", "writing", "arrived"),
     ("admitted -> speech handler (body, validation)", "arrived", "handler"),
     ("handler -> engine request submitted (prompt, add_request)", "handler", "submitted"),
     ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio"),
@@ -62,18 +64,24 @@ def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
+# Traces of clients that did not note when they started writing the request (results before it did): one segment instead.
+UNSPLIT = ("client send -> admitted (client, connect, HTTP parsing, event loop)", "sent", "arrived")
+
+
 def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[dict[str, list[float]], int]:
-    """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are."""
-    out: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are
+    (segments no trace had are left out)."""
+    out: dict[str, list[float]] = {name: [] for name, _, _ in (UNSPLIT, *SEGMENTS)}
     joined = 0
     for trace in traces:
-        stamps = {**points.get(trace["id"], {}), "sent": trace["sent"], "first_byte": trace.get("first_byte")}
-        if any(stamps.get(point) is None for _, a, b in SEGMENTS for point in (a, b)):
+        stamps = {**points.get(trace["id"], {}), **{k: trace.get(k) for k in ("sent", "writing", "first_byte")}}
+        chain = SEGMENTS if stamps["writing"] is not None else (UNSPLIT, *SEGMENTS[2:])
+        if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):
             continue
         joined += 1
-        for name, a, b in SEGMENTS:
+        for name, a, b in chain:
             out[name].append((stamps[b] - stamps[a]) * 1000.0)
-    return out, joined
+    return {name: values for name, values in out.items() if values}, joined
 
 
 def main() -> None:

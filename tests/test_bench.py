@@ -92,11 +92,20 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert {t["id"] for t in level["trace"]} <= set(points), points
     split, joined = ttfa_breakdown.segments(level["trace"], points)
     assert joined == 3
+    # The client notes when it starts writing each request to its socket, which splits the way in at its edge.
+    assert all(t["sent"] <= t["writing"] <= points[t["id"]]["arrived"] for t in level["trace"])
+    assert list(split) == [name for name, _, _ in ttfa_breakdown.SEGMENTS]
+    assert 0 < level["client_cpu_share"] < 1.5
     log_resolution_ms = 1e-3  # the log prints microseconds
     for name, values in split.items():
         assert min(values) >= -log_resolution_ms, (name, values)
     for i, trace in enumerate(level["trace"]):
         total = sum(values[i] for values in split.values())
         assert total == pytest.approx((trace["first_byte"] - trace["sent"]) * 1000.0, abs=4 * log_resolution_ms)
+    # Results of a client that did not note it: one segment from sending to admission, the rest the same.
+    unsplit, joined = ttfa_breakdown.segments([{**t, "writing": None} for t in level["trace"]], points)
+    assert joined == 3 and list(unsplit) == [
+        name for name, _, _ in (ttfa_breakdown.UNSPLIT, *ttfa_breakdown.SEGMENTS[2:])
+    ]
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

@@ -113,10 +113,19 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
         "seed": seed,
         **cfg.extra,
     }
-    headers, trace = {}, None
+    headers, trace, extensions = {}, None, {}
     if cfg.trace:
         trace = {"id": f"bench-{seed}-{uuid.uuid4().hex[:12]}"}
         headers = {REQUEST_ID_HEADER: trace["id"], TRACE_HEADER: "1"}
+
+        async def on_event(name: str, info: dict[str, Any]) -> None:
+            # When the client starts writing the request to its socket: the client's own work (connection,
+            # serialization, its event loop) is before it. The server admits a request once its headers are in, so
+            # the end of the write could come after the server's first point; its start cannot.
+            if name == "http11.send_request_headers.started":
+                trace["writing"] = time.perf_counter()
+
+        extensions = {"trace": on_event}
     start = time.perf_counter()
     first: float | None = None
     received = 0
@@ -129,7 +138,7 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
 
     try:
         url = f"{cfg.base_url}/v1/audio/speech"
-        async with client.stream("POST", url, json=payload, headers=headers) as response:
+        async with client.stream("POST", url, json=payload, headers=headers, extensions=extensions) as response:
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")[:300]
                 return result(False, None, 0.0, f"HTTP {response.status_code}: {body}")
@@ -159,10 +168,10 @@ async def run_level(cfg: ClientConfig, concurrency: int, requests: int, seed_bas
                 text = PROMPTS[(seed_base + i) % len(PROMPTS)]
                 results.append(await speech_request(client, cfg, text, cfg.seed + seed_base + i))
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-        wall = time.perf_counter() - start
-    return summarize(results, concurrency, wall)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return summarize(results, concurrency, wall, client_cpu_s=cpu)
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -175,8 +184,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def summarize(results: list[RequestResult], concurrency: int, wall_s: float) -> dict[str, Any]:
-    """One level's row: latencies in ms, RTF = generation time / audio time, throughput over the level's wall time."""
+def summarize(
+    results: list[RequestResult], concurrency: int, wall_s: float, client_cpu_s: float | None = None
+) -> dict[str, Any]:
+    """One level's row: latencies in ms, RTF = generation time / audio time, throughput over the level's wall time.
+
+    ``client_cpu_share``: the client's CPU time over the wall time (near 1: the client's one event loop was busy
+    the whole level, and its own timings include waiting for it)."""
     good = [r for r in results if r.ok]
     ttfa = [r.ttfa_s * 1000.0 for r in good if r.ttfa_s is not None]
     rtf = [r.total_s / r.audio_s for r in good if r.audio_s > 0]
@@ -199,6 +213,7 @@ def summarize(results: list[RequestResult], concurrency: int, wall_s: float) -> 
         "audio_s_total": audio,
         "realtime_x": audio / wall_s if wall_s > 0 else 0.0,
         "frames_per_s": audio * FRAME_RATE / wall_s if wall_s > 0 else 0.0,
+        **({"client_cpu_share": client_cpu_s / wall_s} if client_cpu_s is not None and wall_s > 0 else {}),
         **({"trace": traces} if traces else {}),
     }
 
