@@ -66,6 +66,12 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
+#   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 0: no bound, every chunk
+#            that arrived in one codec step, as shipped): the bound's served A/B for TTFA and
+#            frames/s; send beside `served` (shipped: no bound)
+#   servedtrace  `served` with KANI_TRACE_CHUNKS=1 (Stage 0 logs each chunk it emits, the codec each step after a
+#            device sync): how long first chunks wait for the codec and what the step they join costs
+#            (benchmarks/chunk_waits.py); the sync makes its frames/s no reference
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
 source "$(dirname "$0")/lib.sh"
@@ -328,6 +334,23 @@ for phase in "$@"; do
       frames_check round-up
       step_rates
       pack roundup ;;
+    servedtrace)
+      checkpoints
+      KANI_TRACE_CHUNKS=1 serve_sweeps 0 traced "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      cleanup
+      python3 benchmarks/chunk_waits.py "$R/serve-traced.log" --json "$R/chunk-waits-traced.json" \
+        > "$R/chunk-waits-traced.md" 2>&1; head -n 40 "$R/chunk-waits-traced.md"
+      gzip -kf "$R/serve-traced.log"
+      pack servedtrace ;;
+    stepbound)
+      checkpoints
+      tag=step-max-${STEP_MAX_FRAMES:-0}
+      variant "kani_tts_$tag" stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-0}"
+      serve_sweeps 0 "$tag" "$CK/par" "stage_configs/kani_tts_$tag.yaml" 330 250:64,256
+      cleanup
+      frames_check "$tag"
+      step_rates
+      pack "$tag" ;;
     chunk32)
       checkpoints
       variant kani_tts_chunk32 connectors.shm.extra.max_codec_chunk_frames=32

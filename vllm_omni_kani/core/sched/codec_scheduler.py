@@ -27,10 +27,11 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import addition
 
 logger = logging.getLogger(__name__)
 
-# Frames one codec step may take (Stage 1 additional_config codec_step_max_frames; 0 = no bound). 1,024 frames are
-# ~60 ms of the codec alone on an H100 (~17,500 frames/s at batch 64, docs/BENCHMARKS.md): a first chunk waits at
-# most about that long for the step in flight, where an unbounded step at 256 streams ran about a second.
-DEFAULT_STEP_MAX_FRAMES = 1024
+# Frames one codec step may take (Stage 1 additional_config codec_step_max_frames; 0 = no bound). No bound by
+# default: served on one H200 (docs/BENCHMARKS.md, fifteenth set) a bound of 1,024 or 4,096 frames shortened
+# neither the time to first audio nor anything else (two runs each way, same machine), and cost frames/s at 256
+# streams; the knob stays for deployments whose codec steps are long (kani_tts_cpu.yaml).
+DEFAULT_STEP_MAX_FRAMES = 0
 # The scheduler logs what the bound did when it held chunks back, at most this often.
 SUMMARY_INTERVAL_S = 10.0
 
