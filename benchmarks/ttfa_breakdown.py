@@ -64,7 +64,7 @@ def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
     return out
 
 
-# Traces of clients that did not note when they started writing the request (results before it did): one segment instead.
+# Traces of clients that did not note when they started writing the request (older results): one segment instead.
 UNSPLIT = ("client send -> admitted (client, connect, HTTP parsing, event loop)", "sent", "arrived")
 
 
