@@ -185,6 +185,33 @@ def test_a_reused_slot_starts_from_silence(decoder):
     torch.testing.assert_close(audio, decoder.decode(fresh[None])[0], atol=STREAM_ATOL, rtol=0)
 
 
+def test_new_streams_joining_together_start_from_silence_in_one_zeroing_pass(decoder):
+    """Slots are zeroed once per step for every stream that joined since the last one, not per stream: with
+    every state slot holding garbage, three streams that join in one step beside a live one (and one more in the
+    next step) each still equal their solo decode, and the live stream's state is left alone."""
+    codec = StreamingCodec(decoder, num_slots=6)
+    streams = CodecStreams(codec, max_piece_frames=16)
+    for state in codec.pool:
+        state.fill_(0.5)
+    live = codes(12, 20)
+    streams.decode([StreamChunk("live", live[:5], 0, False)])
+    assert not codec._unzeroed  # the step zeroed its slot before reading it
+    joining = {f"new{i}": codes(7, 21 + i) for i in range(3)}
+    for rid in joining:
+        codec.acquire(rid)
+    assert sorted(codec._unzeroed) == sorted(codec.slot_of[r] for r in joining)
+    streams.next_seq.update(dict.fromkeys(joining, 0))
+    out = streams.decode(
+        [StreamChunk("live", live[5:], 1, True), *(StreamChunk(r, u, 0, True) for r, u in joining.items())]
+    )
+    later = codes(4, 30)
+    out.append(streams.decode([StreamChunk("later", later, 0, True)])[0])
+    expected = [decoder.decode(live[None])[0][5 * SPF :], *(decoder.decode(u[None])[0] for u in joining.values())]
+    expected.append(decoder.decode(later[None])[0])
+    for audio, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(audio, want, atol=STREAM_ATOL, rtol=0)
+
+
 def test_stateful_policy_sends_numbered_chunks_without_context():
     policy = ChunkPolicy.from_extra({"codec_stateful_decode": True, "max_codec_chunk_frames": 32})
     assert policy.window_context_frames == 0 and policy.recurring_windows() == [3, 16, 32]

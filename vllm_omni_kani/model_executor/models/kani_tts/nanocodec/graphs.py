@@ -271,6 +271,7 @@ class StreamingGraphs:
     def __call__(self, codes: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Same contract as :meth:`StreamingCodec.step` (inputs on the codec's device); a fresh output tensor."""
         batch, frames = codes.shape[0], codes.shape[1]
+        self.codec.zero_acquired()  # outside the graphs: new streams' slots start from zero state
         t_bucket = round_up(frames, self.frame_buckets) if self.graphs else None
         if t_bucket is None:
             self.eager_calls += 1

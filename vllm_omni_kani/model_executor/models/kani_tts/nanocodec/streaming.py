@@ -90,6 +90,7 @@ class StreamingCodec:
         self.pool = [self._new_state(m, rows) for m in self.layers]
         self._scratch = torch.arange(num_slots, rows, dtype=torch.int64, device=decoder.device)
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self._unzeroed: list[int] = []  # slots acquired since the last zeroing pass (zero_acquired)
         self.slot_of: dict[str, int] = {}
         self._weights_2d: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._spans: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # one step's, see _span
@@ -134,16 +135,31 @@ class StreamingCodec:
         return len(self.slot_of)
 
     def acquire(self, request_id: str) -> int:
-        """A zeroed slot for a new stream (its state is the one-shot decode's zero padding)."""
+        """A slot for a new stream, zeroed (the one-shot decode's zero padding) before the next step reads it.
+
+        The zeroing is deferred to :meth:`zero_acquired`, one pass for every slot acquired since the last step: the
+        pool is ~100 tensors, and zeroing each per stream cost ~100 kernel launches per new stream (~1 ms on an
+        H200; a step of 36 first chunks spent most of its 65 ms on them, docs/BENCHMARKS.md fifteenth set).
+        """
         if request_id in self.slot_of:
             raise ValueError(f"request {request_id!r} already holds slot {self.slot_of[request_id]}")
         if not self._free:
             raise SlotsExhaustedError(f"all {self.num_slots} codec state slots hold live streams")
         slot = self._free.pop()
-        for state in self.pool:
-            state[slot].zero_()
+        self._unzeroed.append(slot)
         self.slot_of[request_id] = slot
         return slot
+
+    def zero_acquired(self) -> None:
+        """Zero the state of every slot acquired since the last call: one ``index_fill_`` per pool tensor, however
+        many slots. :meth:`step` and the graphs' replays call it first; never inside a graph capture (the slots
+        would be baked into the graph)."""
+        if not self._unzeroed:
+            return
+        slots = torch.tensor(self._unzeroed, dtype=torch.int64).to(self.decoder.device, non_blocking=True)
+        for state in self.pool:
+            state.index_fill_(0, slots, 0)
+        self._unzeroed.clear()
 
     def release(self, request_id: str) -> bool:
         """Free a request's slot (finished, aborted, or broken); False when it held none."""
@@ -178,6 +194,8 @@ class StreamingCodec:
         """
         d = self.decoder
         mark = on_section or (lambda _: None)
+        if self._unzeroed and not (d.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            self.zero_acquired()
         self._spans.clear()
         try:
             with cudnn_tf32(d.allow_tf32):
