@@ -2,8 +2,9 @@
 # The GPU suite for a one-GPU machine (nvidia-h200, or nvidia-h100-x1 with the same commands; compare timings only
 # between runs on the same kind). Everything runs on GPU 0, one job at a time.
 #   bash benchmarks/gpu/h200.sh [--quick] PHASE...
-# Stage the bundle first (../shared/device/build_bundle.sh, then one device call per part with stage.sh) and send
-# the phases back to back: /tmp (stack, checkpoints, compile caches) lasts only while the machine stays held.
+# Stage the bundle first (../shared/device/build_bundle.sh, benchmarks/gpu/fit_bundle.sh so each part fits beside the
+# tree in one transfer, then one device call per part with stage.sh) and send the phases back to back: /tmp (stack,
+# checkpoints, compile caches) lasts only while the machine stays held.
 #   codec    checkpoints; Stage 1 alone (windows vs stateful, per precision, SNR); the CUDA-only tests
 #   codeclayers  the stateful codec step section by section, and every residual conv under cuDNN and under the Triton
 #            conv kernel (nanocodec/conv_kernel.py; plain, and with the half-snake on load and the residual add),

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite for an nvidia-h200-x2 machine (two H200s; one server or job per GPU at a time, so two run at once).
 #   bash benchmarks/gpu/h200x2.sh [--quick] PHASE...
-# Stage the bundle first (../shared/device/build_bundle.sh, then one device call per part with stage.sh); the
-# machine keeps /tmp (stack, checkpoints, compile caches) only while it stays held, so send the phases back to back.
+# Stage the bundle first (../shared/device/build_bundle.sh, benchmarks/gpu/fit_bundle.sh, then one device call per
+# part with stage.sh); the machine keeps /tmp (stack, checkpoints, compile caches) only while it stays held, so send
+# the phases back to back.
 # A server's first start on a fresh machine takes about 4 minutes (compile, memory profiling, graph capture: 244 s
 # measured), so a served step needs a limit of 420 s or more. Each phase fits one 10-minute device call; --quick shortens the sweeps (levels 1,64,256; 250-frame 64,256).
 #   codec   checkpoints; Stage 1 alone (windows vs stateful, per precision, SNR) on GPU 1 and the CUDA-only tests,
