@@ -180,3 +180,33 @@ def test_speaker_embedding_goes_into_the_prompts_slot_row(make_ckpt):
     assert "must be one vector of 128 finite numbers" in adapter.validate(_request(speaker_embedding=[0.5] * 12))
     flat, _ = _adapter(make_ckpt("flattened"))
     assert "'speaker_embedding' is not supported" in flat.validate(_request(speaker_embedding=vector))
+
+
+def test_the_adapter_loads_its_tokenizer_once_off_the_loop_then_tokenizes_on_it(make_ckpt):
+    """A burst of first requests waits for one load in a worker thread; later requests tokenize on the event loop
+    (no executor hop: each costs a busy loop two GIL hand-offs), with the same prompt ids."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vllm import SamplingParams
+
+    ckpt = make_ckpt("flattened")
+    adapter, _ = _adapter(ckpt)
+    submitted = []
+
+    class CountingPool(ThreadPoolExecutor):
+        def submit(self, fn, *args, **kwargs):
+            submitted.append(fn)
+            return super().submit(fn, *args, **kwargs)
+
+    async def burst(n: int) -> list:
+        asyncio.get_running_loop().set_default_executor(CountingPool(4))
+        return await asyncio.gather(*(adapter.build(_request(), [SamplingParams()], False) for _ in range(n)))
+
+    first = asyncio.run(burst(8))
+    assert adapter.tokenizer.loaded and 1 <= len(submitted) <= 8
+    submitted.clear()
+    later = asyncio.run(burst(8))
+    assert submitted == []
+    speaker = adapter.options(_request()).speaker
+    expected = tl.text_prompt_ids(AutoTokenizer.from_pretrained(ckpt), TEXT.strip(), speaker)
+    assert all(p.prompt["prompt_token_ids"] == expected for p in first + later)
