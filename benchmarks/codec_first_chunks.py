@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
-from bench_codec_streaming import build
+from bench_codec_streaming import build, timed
 
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
@@ -27,19 +26,9 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import St
 FIRST_CHUNK_FRAMES = 3
 
 
-def best_ms(fn, device: str, repeat: int = 5) -> float:
-    """Best wall ms of ``fn`` over ``repeat`` calls after one warm-up, the device synchronised around each."""
-    best = float("inf")
-    for i in range(repeat + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            best = min(best, (time.perf_counter() - start) * 1000)
-    return best
+def best_ms(fn, device: str) -> float:
+    """Best wall ms of ``fn`` over 5 calls after one warm-up, the device synchronised around each."""
+    return timed(fn, 5, device == "cuda") * 1000
 
 
 def main() -> None:
