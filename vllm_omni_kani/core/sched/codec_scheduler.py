@@ -69,7 +69,9 @@ class BudgetStats:
     steps: int = 0
     bounded_steps: int = 0
     deferred: int = 0
-    largest_step_frames: int = 0
+    # Most frames of already-running streams that one step took. The step's first chunks are left out: those of
+    # more waiting requests than the step can admit are ready too, so their sum says nothing about one step.
+    largest_running_frames: int = 0
     since: float = 0.0
 
 
@@ -113,7 +115,7 @@ class KaniCodecScheduler(OmniGenerationScheduler):
         cut = deferred_from(frames, committed, self.step_max_frames)
         stats = self._stats
         stats.steps += 1
-        stats.largest_step_frames = max(stats.largest_step_frames, committed + sum(frames[:cut]))
+        stats.largest_running_frames = max(stats.largest_running_frames, sum(frames[:cut]))
         if cut == len(ready):
             return
         stats.bounded_steps += 1
@@ -143,13 +145,13 @@ class KaniCodecScheduler(OmniGenerationScheduler):
             return
         logger.info(
             "Kani codec scheduler: %d of %d steps in the last %.1f s held %d chunks for a later step "
-            "(budget %d frames; largest step %d frames)",
+            "(budget %d frames; at most %d frames of running streams in one step)",
             stats.bounded_steps,
             stats.steps,
             now - stats.since,
             stats.deferred,
             self.step_max_frames,
-            stats.largest_step_frames,
+            stats.largest_running_frames,
         )
         self._last_summary = now
         self._stats = BudgetStats(since=now)
