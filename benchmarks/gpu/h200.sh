@@ -67,9 +67,9 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
-#   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 0: no bound, every chunk
-#            that arrived in one codec step, as shipped): the bound's served A/B for TTFA and
-#            frames/s; send beside `served` (shipped: no bound)
+#   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 1,024; 0 is no bound,
+#            every chunk that arrived in one codec step, as shipped): the bound's served A/B for TTFA and frames/s;
+#            send beside `served`
 #   servedtrace  `served` with KANI_TRACE_CHUNKS=1 (Stage 0 logs each chunk it emits, the codec each step after a
 #            device sync): how long first chunks wait for the codec and what the step they join costs
 #            (benchmarks/chunk_waits.py); the sync makes its frames/s no reference
@@ -345,8 +345,8 @@ for phase in "$@"; do
       pack servedtrace ;;
     stepbound)
       checkpoints
-      tag=step-max-${STEP_MAX_FRAMES:-0}
-      variant "kani_tts_$tag" stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-0}"
+      tag=step-max-${STEP_MAX_FRAMES:-1024}
+      variant "kani_tts_$tag" stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-1024}"
       serve_sweeps 0 "$tag" "$CK/par" "stage_configs/kani_tts_$tag.yaml" 330 250:64,256
       cleanup
       frames_check "$tag"
