@@ -266,8 +266,8 @@ class KaniTTSAdapter(ARTTSAdapter):
         """The prompt's token ids: the tokenizer is loaded once, in a worker thread (seconds), then used on the loop.
 
         A segment (at most ``MAX_SEGMENT_CHARS``) tokenizes in 0.04-0.14 ms, where a hop to an executor thread and
-        back waits for the GIL twice on a busy loop: at 64 streams a request's handler-to-submitted took 31 ms p50
-        that way (docs/BENCHMARKS.md, fifteenth set).
+        back waits for the GIL twice on a busy loop (at 64 streams the segment holding it took 31 ms p50 on a GPU
+        server, 6-9 ms against 0.5 on a CPU one: docs/BENCHMARKS.md, fifteenth set).
         """
         if not self.tokenizer.loaded:
             await asyncio.get_running_loop().run_in_executor(None, self.tokenizer.get)

@@ -138,8 +138,8 @@ class StreamingCodec:
         """A slot for a new stream, zeroed (the one-shot decode's zero padding) before the next step reads it.
 
         The zeroing is deferred to :meth:`zero_acquired`, one pass for every slot acquired since the last step: the
-        pool is ~100 tensors, and zeroing each per stream cost ~100 kernel launches per new stream (~1 ms on an
-        H200; a step of 36 first chunks spent most of its 65 ms on them, docs/BENCHMARKS.md fifteenth set).
+        pool is ~100 tensors, and zeroing each per stream cost ~100 kernel launches per new stream (0.7-1 ms on an
+        H200: 26 ms of a served 65-ms step of 36 first chunks, docs/BENCHMARKS.md fifteenth set).
         """
         if request_id in self.slot_of:
             raise ValueError(f"request {request_id!r} already holds slot {self.slot_of[request_id]}")
