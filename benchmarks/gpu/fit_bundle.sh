@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-split the staged stack bundle (.devbundle/p*, from ../shared/device/build_bundle.sh) into parts that fit beside
-# this working tree in one device transfer: a call carries the tree (tracked and untracked files; ~18 MiB, most of
+# this working tree in one device transfer: a call carries the tree (tracked and untracked files; ~20 MiB, most of
 # it benchmarks/results) plus one part, under 64 MiB, so 58-MiB parts no longer fit. The zstandard wheel goes with
 # the last part. Prints the stage command per part.
 #   bash benchmarks/gpu/fit_bundle.sh [LIMIT_MIB]      (default 64)

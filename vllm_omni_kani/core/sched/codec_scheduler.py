@@ -4,7 +4,9 @@ vLLM-Omni's generation scheduler puts every chunk that has arrived into the next
 decodes thousands of frames (256 streams of 64-frame chunks: ~16,000 frames, about a second), and a new stream's
 3-frame first chunk that arrives meanwhile waits for all of it: served at 256 streams the codec's first audio came
 650-850 ms after a request reached Stage 1, though it needs only ~0.1 s of Stage 0 (docs/BENCHMARKS.md). Bounding
-a step in frames bounds that wait to one bounded step.
+a step in frames bounds that wait to one bounded step. Served on one H200 that shortened no TTFA, so it is off by
+default (``DEFAULT_STEP_MAX_FRAMES``): the first audio's wait was mostly each new stream's state-slot zeroing in
+the codec (``StreamingCodec.zero_acquired`` now does it once per step), not the steps' length.
 
 Which chunks go first: every first chunk (a new stream: it is what its client is waiting for), then the others in
 the running queue's order. Chunks past the budget are not dropped: their requests keep their chunk, stay ready and
