@@ -67,12 +67,18 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
+#   ramp     the shipped YAML with a first chunk of INITIAL frames (default 1, shipped 3) and a ramp from CHUNK
+#            (default 2, shipped 16) doubling to 64: the first audio after Stage 0's first frame rather than its third,
+#            each later chunk still due before the audio before it has played; 250-frame requests at 64 and 256
+#            streams, audio vs frames; send beside `served`
 #   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 1,024; 0 is no bound,
 #            every chunk that arrived in one codec step, as shipped): the bound's served A/B for TTFA and frames/s;
 #            send beside `served`
 #   servedtrace  `served` with KANI_TRACE_CHUNKS=1 (Stage 0 logs each chunk it emits, the codec each step after a
 #            device sync): how long first chunks wait for the codec and what the step they join costs
 #            (benchmarks/chunk_waits.py); the sync makes its frames/s no reference
+#   servedalt  `served` with the package from a carried .devsrc/alt.tar (.devsrc/alt-commit says what it is, e.g.
+#            HEAD with one change reverted): a same-instance A/B of code rather than of the YAML; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
 source "$(dirname "$0")/lib.sh"
@@ -335,6 +341,18 @@ for phase in "$@"; do
       frames_check round-up
       step_rates
       pack roundup ;;
+    servedalt)
+      checkpoints
+      [ -f .devsrc/alt.tar ] || { echo "servedalt: no .devsrc/alt.tar carried"; exit 2; }
+      rm -rf /tmp/alt && mkdir -p /tmp/alt && tar -C /tmp/alt -xf .devsrc/alt.tar
+      cp .devsrc/alt-commit "$R/alt-commit.txt" 2> /dev/null
+      PYTHONPATH=/tmp/alt:$PYTHONPATH python3 -c "import vllm_omni_kani as m; print('package:', m.__file__)" \
+        | tee -a "$R/alt-commit.txt"
+      PYTHONPATH=/tmp/alt:$PYTHONPATH serve_sweeps 0 alt "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      cleanup
+      frames_check alt
+      step_rates
+      pack servedalt ;;
     servedtrace)
       checkpoints
       KANI_TRACE_CHUNKS=1 serve_sweeps 0 traced "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
@@ -347,6 +365,16 @@ for phase in "$@"; do
       checkpoints
       tag=step-max-${STEP_MAX_FRAMES:-1024}
       variant "kani_tts_$tag" stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-1024}"
+      serve_sweeps 0 "$tag" "$CK/par" "stage_configs/kani_tts_$tag.yaml" 330 250:64,256
+      cleanup
+      frames_check "$tag"
+      step_rates
+      pack "$tag" ;;
+    ramp)
+      checkpoints
+      tag=ramp-${INITIAL:-1}-${CHUNK:-2}
+      variant "kani_tts_$tag" connectors.shm.extra.initial_codec_chunk_frames="${INITIAL:-1}" \
+        connectors.shm.extra.codec_chunk_frames="${CHUNK:-2}"
       serve_sweeps 0 "$tag" "$CK/par" "stage_configs/kani_tts_$tag.yaml" 330 250:64,256
       cleanup
       frames_check "$tag"
