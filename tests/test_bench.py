@@ -25,6 +25,7 @@ LEVEL_KEYS = {
     "requests",
     "ok",
     "errors",
+    "connections",
     "wall_s",
     "ttfa_ms_p50",
     "ttfa_ms_p90",
@@ -78,6 +79,8 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert main(argv) == 0
     (level,) = json.loads((tmp_path / "traced.json").read_text())["levels"]
     assert level["ok"] == 3 and len(level["trace"]) == 3
+    # Each stream keeps one connection alive: the third request went over the one its stream had opened.
+    assert level["connections"] == 2
 
     monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
     import ttfa_breakdown

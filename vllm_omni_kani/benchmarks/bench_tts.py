@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -87,6 +88,7 @@ class RequestResult:
     error: str | None = None
     # With ``ClientConfig.trace``: the request id and the client's perf_counter() at sending, first byte and end.
     trace: dict[str, Any] | None = None
+    connected: bool = False  # it opened a TCP connection (False: it reused its stream's kept-alive one)
 
 
 @dataclass
@@ -113,19 +115,22 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
         "seed": seed,
         **cfg.extra,
     }
-    headers, trace, extensions = {}, None, {}
+    headers, trace, connected = {}, None, False
     if cfg.trace:
         trace = {"id": f"bench-{seed}-{uuid.uuid4().hex[:12]}"}
         headers = {REQUEST_ID_HEADER: trace["id"], TRACE_HEADER: "1"}
 
-        async def on_event(name: str, info: dict[str, Any]) -> None:
-            # When the client starts writing the request to its socket: the client's own work (connection,
-            # serialization, its event loop) is before it. The server admits a request once its headers are in, so
-            # the end of the write could come after the server's first point; its start cannot.
-            if name == "http11.send_request_headers.started":
-                trace["writing"] = time.perf_counter()
+    async def on_event(name: str, info: dict[str, Any]) -> None:
+        nonlocal connected
+        if name == "connection.connect_tcp.complete":
+            connected = True
+        # When the client starts writing the request to its socket: the client's own work (connection,
+        # serialization, its event loop) is before it. The server admits a request once its headers are in, so
+        # the end of the write could come after the server's first point; its start cannot.
+        elif trace is not None and name == "http11.send_request_headers.started":
+            trace["writing"] = time.perf_counter()
 
-        extensions = {"trace": on_event}
+    extensions = {"trace": on_event}
     start = time.perf_counter()
     first: float | None = None
     received = 0
@@ -134,7 +139,7 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
         total = time.perf_counter() - start
         if trace is not None:
             trace.update(sent=start, first_byte=None if ttfa is None else start + ttfa, end=start + total)
-        return RequestResult(ok, ttfa, total, audio_s, error, trace)
+        return RequestResult(ok, ttfa, total, audio_s, error, trace, connected)
 
     try:
         url = f"{cfg.base_url}/v1/audio/speech"
@@ -153,23 +158,41 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
     return result(True, first, received / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE)
 
 
-async def run_level(cfg: ClientConfig, concurrency: int, requests: int, seed_base: int = 0) -> dict[str, Any]:
-    """Keep ``concurrency`` requests in flight until ``requests`` finished; returns the level's summary."""
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+async def run_level(
+    cfg: ClientConfig, concurrency: int, requests: int, seed_base: int = 0, shared_pool: bool = False
+) -> dict[str, Any]:
+    """Keep ``concurrency`` requests in flight until ``requests`` finished; returns the level's summary.
+
+    Each stream sends its requests over a client of its own, one kept-alive connection. One pool shared by every
+    stream costs the client CPU quadratic in its size whenever many requests end and start at once (httpcore
+    scans the pool's connections for every queued request): at 256 streams it held back the sending of a wave by
+    ~6 s (docs/BENCHMARKS.md, sixteenth set). ``shared_pool`` keeps that one pool, for
+    ``benchmarks/client_pool.py``'s comparison."""
+    streams = min(concurrency, requests)
     timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
+    ssl_context = httpx.create_ssl_context()  # one for every client: each would load the CA bundle again
+    if shared_pool:
+        limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    else:
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    clients = [
+        httpx.AsyncClient(limits=limits, timeout=timeout, verify=ssl_context)
+        for _ in range(1 if shared_pool else streams)
+    ]
     queue = list(range(requests))
     results: list[RequestResult] = []
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            i = queue.pop(0)
+            text = PROMPTS[(seed_base + i) % len(PROMPTS)]
+            results.append(await speech_request(client, cfg, text, cfg.seed + seed_base + i))
 
-        async def worker() -> None:
-            while queue:
-                i = queue.pop(0)
-                text = PROMPTS[(seed_base + i) % len(PROMPTS)]
-                results.append(await speech_request(client, cfg, text, cfg.seed + seed_base + i))
-
+    async with contextlib.AsyncExitStack() as stack:
+        for client in clients:
+            await stack.enter_async_context(client)
         start, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+        await asyncio.gather(*(worker(clients[k % len(clients)]) for k in range(streams)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     return summarize(results, concurrency, wall, client_cpu_s=cpu)
 
@@ -203,6 +226,7 @@ def summarize(
         "ok": len(good),
         "errors": len(errors),
         "error_examples": sorted(set(e or "" for e in errors))[:3],
+        "connections": sum(r.connected for r in results),
         "wall_s": wall_s,
         "ttfa_ms_p50": percentile(ttfa, 50),
         "ttfa_ms_p90": percentile(ttfa, 90),
