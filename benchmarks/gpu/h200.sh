@@ -342,16 +342,10 @@ for phase in "$@"; do
       step_rates
       pack roundup ;;
     servedalt)
-      # The carried package replaces the tree's for this phase (PYTHONPATH cannot: the server starts as
-      # `python3 -m vllm...` in the repo root, whose own package comes first on sys.path), then the tree's comes back.
       checkpoints
-      [ -f .devsrc/alt.tar ] || { echo "servedalt: no .devsrc/alt.tar carried"; exit 2; }
-      rm -rf /tmp/pkg-tree && mv vllm_omni_kani /tmp/pkg-tree && tar -xf .devsrc/alt.tar
-      cp .devsrc/alt-commit "$R/alt-commit.txt" 2> /dev/null
-      diff -rq /tmp/pkg-tree vllm_omni_kani -x __pycache__ | tee -a "$R/alt-commit.txt"
-      serve_sweeps 0 alt "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      alt_root || exit 2
+      alt_sweeps 0 alt "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
       cleanup
-      rm -rf vllm_omni_kani && mv /tmp/pkg-tree vllm_omni_kani
       frames_check alt
       step_rates
       pack servedalt ;;

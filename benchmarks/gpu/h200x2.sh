@@ -28,8 +28,7 @@
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler (step_time
 #           --torch-profile): stock vLLM LFM2 on GPU 0, ours on GPU 1; tables of kernels by device time
 #   altab   a code A/B at once on one host: GPU 0 serves the tree's package, GPU 1 the carried .devsrc/alt.tar's
-#           (a copy of the tree in /tmp/alt-repo with that package; .devsrc/alt-commit says what it is, e.g. HEAD
-#           with changes reverted), the shipped YAML at 64 and 256 streams of 250 frames, audio vs frames for both
+#           (lib.sh alt_root; .devsrc/alt-commit says what it is, e.g. HEAD with changes reverted), the shipped YAML at 64 and 256 streams of 250 frames, audio vs frames for both
 #   mps     the shipped YAML on GPU 0 under an MPS daemon of that GPU only (Stage 0 and the codec run kernels at
 #           once instead of time-slicing the GPU), the shipped YAML as is on GPU 1: 250 frames at 64 and 256 streams
 source "$(dirname "$0")/lib.sh"
@@ -137,15 +136,9 @@ for phase in "$@"; do
       pack mps ;;
     altab)
       checkpoints
-      [ -f .devsrc/alt.tar ] || { echo "altab: no .devsrc/alt.tar carried"; exit 2; }
-      # The server starts in its repo root, whose package comes first on sys.path: the alt side gets a root of its own.
-      rm -rf /tmp/alt-repo && mkdir -p /tmp/alt-repo && cp -r benchmarks stage_configs pyproject.toml /tmp/alt-repo/ \
-        && tar -C /tmp/alt-repo -xf .devsrc/alt.tar
-      cp .devsrc/alt-commit "$R/alt-commit.txt" 2> /dev/null
-      diff -rq vllm_omni_kani /tmp/alt-repo/vllm_omni_kani -x __pycache__ | tee -a "$R/alt-commit.txt"
+      alt_root || exit 2
       serve_sweeps 0 tree "$CK/par" stage_configs/kani_tts.yaml 480 250:64,256 &
-      ( cd /tmp/alt-repo && PYTHONPATH=/tmp/alt-repo:$PYTHONPATH \
-          serve_sweeps 1 alt "$CK/par" stage_configs/kani_tts.yaml 480 250:64,256 ) &
+      alt_sweeps 1 alt "$CK/par" stage_configs/kani_tts.yaml 480 250:64,256 &
       wait; cleanup
       frames_check tree
       frames_check alt

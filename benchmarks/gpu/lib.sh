@@ -99,6 +99,20 @@ serve_sweeps() {
   kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null
 }
 
+# alt_root: /tmp/alt-repo, the tree's benchmarks and YAMLs beside the package of a carried .devsrc/alt.tar
+# (.devsrc/alt-commit says what it is, e.g. HEAD with a change reverted), for a code A/B. A server runs the package of
+# the repo root it starts in (that root comes first on sys.path), so the alt side starts there: alt_sweeps.
+alt_root() {
+  [ -f .devsrc/alt.tar ] || { echo "no .devsrc/alt.tar carried"; return 1; }
+  rm -rf /tmp/alt-repo && mkdir -p /tmp/alt-repo && cp -r benchmarks stage_configs pyproject.toml /tmp/alt-repo/ \
+    && tar -C /tmp/alt-repo -xf .devsrc/alt.tar
+  cp .devsrc/alt-commit "$R/alt-commit.txt" 2> /dev/null
+  diff -rq vllm_omni_kani /tmp/alt-repo/vllm_omni_kani -x __pycache__ | tee -a "$R/alt-commit.txt"
+}
+
+# alt_sweeps GPU LABEL CKPT YAML LIMIT_S RUN...: serve_sweeps with the alt_root package.
+alt_sweeps() { (cd /tmp/alt-repo && PYTHONPATH=/tmp/alt-repo:$PYTHONPATH serve_sweeps "$@"); }
+
 # frames_check LABEL: does every request's audio equal its Stage-0 frames? Read from serve_sweeps LABEL's server log.
 frames_check() {
   step "audio-vs-frames-$1" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$1.log" --tokens-per-frame 1 \
