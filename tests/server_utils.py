@@ -45,7 +45,11 @@ _BASE_ENV: dict[str, str | None] = {
 
 
 class ServerStartError(RuntimeError):
-    """The server exited or did not become healthy; the message ends with its log tail."""
+    """The server exited or did not become healthy; the message ends with its log tail, ``log`` holds all of it."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
 
 
 def free_port() -> int:
@@ -131,13 +135,14 @@ class ServeProcess:
             while time.monotonic() < started + timeout_s:
                 if self.proc.poll() is not None:
                     raise ServerStartError(
-                        f"server exited with {self.proc.returncode} during startup\n{self.log_tail()}"
+                        f"server exited with {self.proc.returncode} during startup\n{self.log_tail()}",
+                        self.log_text(),
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(self.base_url + "/health").status_code == 200:
                         return
                 time.sleep(1.0)
-        raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}")
+        raise ServerStartError(f"server not healthy after {timeout_s:.0f}s\n{self.log_tail()}", self.log_text())
 
     @property
     def running(self) -> bool:

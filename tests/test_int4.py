@@ -31,8 +31,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import REPO_ROOT
+from tests.server_utils import ServerStartError
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME
+from vllm_omni_kani.platforms.cpu import kernels
 from vllm_omni_kani.tools import quantize_w4a16 as q4
 
 GROUP = 32  # the tiny preset's hidden size is 64 and its MLP width 128: the default 128 does not divide them
@@ -209,7 +211,16 @@ def test_llmcompressor_writes_the_same_checkpoint(quantized, llmcompressor_pytho
 @pytest.mark.server
 @pytest.mark.engine
 def test_int4_checkpoint_serves_speech_of_the_requested_length(omni_server, quantized):
+    """On a CPU whose vLLM build has the INT4 kernel (AVX-512); elsewhere the server refuses the checkpoint at load
+    with a message that says why and what to do, not the kernel's missing attribute in the first forward pass."""
     _, out = quantized("parallel")
+    if not kernels.has_kernel(kernels.INT4_KERNEL):
+        with pytest.raises(ServerStartError) as refused:
+            omni_server(out, INT4_CPU_YAML)
+        assert f"INT4 ({kernels.PACKED_FORMAT})" in refused.value.log
+        assert "Serve the dense checkpoint here" in refused.value.log
+        assert "has no attribute" not in refused.value.log
+        return
     server = omni_server(out, INT4_CPU_YAML)
     body = {"input": "Hello world, this is Kani speaking.", "voice": "katie", "seed": 1, "max_new_tokens": FRAMES}
     response = httpx.post(f"{server.base_url}/v1/audio/speech", json=body, timeout=300)
@@ -229,6 +240,10 @@ def _step_time(*args: object) -> None:
 
 
 @pytest.mark.engine
+@pytest.mark.skipif(
+    not kernels.has_kernel(kernels.INT4_KERNEL),
+    reason=f"this CPU's vLLM build has no {kernels.INT4_KERNEL} (AVX-512 only): INT4 cannot run here",
+)
 def test_step_time_records_greedy_frames_of_int4_and_dense_and_compares_them(quantized, tmp_path):
     """What the GPU run does (``--codes`` of each, then ``--compare``), with Stage 0 in bfloat16 on the CPU."""
     src, out = quantized("parallel")

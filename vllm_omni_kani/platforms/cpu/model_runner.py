@@ -20,12 +20,14 @@ from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
 from vllm_omni.worker.gpu_generation_model_runner import GPUGenerationModelRunner
 
 from vllm_omni_kani import patch
+from vllm_omni_kani.platforms.cpu import kernels
 
 
 class _CPURunnerFixups:
     """What both Omni runners need beyond the MRO on CPU."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        kernels.check_weights_supported(vllm_config.model_config.hf_config)
         patch.default_cudagraph_capture_size_on_cpu(vllm_config)
         super().__init__(vllm_config, device)  # type: ignore[call-arg]
         # The CPU runner aliases each buffer's device half to its CPU half, but it does so inside Omni's
