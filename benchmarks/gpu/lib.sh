@@ -104,7 +104,8 @@ serve_sweeps() {
 # the repo root it starts in (that root comes first on sys.path), so the alt side starts there: alt_sweeps.
 alt_root() {
   [ -f .devsrc/alt.tar ] || { echo "no .devsrc/alt.tar carried"; return 1; }
-  rm -rf /tmp/alt-repo && mkdir -p /tmp/alt-repo && cp -r benchmarks stage_configs pyproject.toml /tmp/alt-repo/ \
+  rm -rf /tmp/alt-repo && mkdir -p /tmp/alt-repo \
+    && tar -c --exclude=benchmarks/results benchmarks stage_configs pyproject.toml | tar -C /tmp/alt-repo -x \
     && tar -C /tmp/alt-repo -xf .devsrc/alt.tar
   cp .devsrc/alt-commit "$R/alt-commit.txt" 2> /dev/null
   diff -rq vllm_omni_kani /tmp/alt-repo/vllm_omni_kani -x __pycache__ | tee -a "$R/alt-commit.txt"
