@@ -1,8 +1,11 @@
-"""The API server's event-loop lag meter (``KANI_LOOP_LAG_S``): a blocked loop shows in its line, off costs nothing."""
+"""The API server's event-loop lag meter (``KANI_LOOP_LAG_S``): a blocked loop shows in its line, with what blocked it
+(``KANI_LOOP_STALL_MS``, collections); off costs nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import re
 import time
@@ -10,7 +13,7 @@ import time
 import pytest
 
 from vllm_omni_kani.entrypoints.loop_lag import LoopLagMeter
-from vllm_omni_kani.envs import KANI_LOOP_LAG_S, loop_lag_interval_s
+from vllm_omni_kani.envs import KANI_LOOP_LAG_S, KANI_LOOP_STALL_MS, loop_lag_interval_s, loop_stall_threshold_s
 
 LINE = re.compile(r"kani api loop lag: p50 ([\d.]+) ms, p99 ([\d.]+) ms, max ([\d.]+) ms, late (\d+)% of ([\d.]+) s")
 BLOCK_S = 0.12
@@ -56,3 +59,48 @@ def test_the_variable_is_read_as_seconds(monkeypatch):
     monkeypatch.setenv(KANI_LOOP_LAG_S, "soon")
     with pytest.raises(ValueError, match="KANI_LOOP_LAG_S='soon'"):
         loop_lag_interval_s()
+
+
+def _hold_the_loop(seconds: float) -> None:
+    """Pure Python work on the loop thread (a blocking callback), so the watchdog can sample it mid-stall."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(range(100))
+
+
+def test_a_stall_names_the_function_that_held_the_loop_and_gc_is_timed(caplog):
+    caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.loop_lag")
+
+    async def serve() -> LoopLagMeter:
+        meter = LoopLagMeter(interval_s=0.5, stall_s=0.03)
+        meter.ensure_started()
+        await asyncio.sleep(0.05)
+        _hold_the_loop(0.25)
+        gc.collect(2)
+        await asyncio.sleep(0.5)
+        meter.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await meter.task
+        return meter
+
+    meter = asyncio.run(serve())
+    assert meter.stalls is not None and not meter.stalls._thread.is_alive()
+    text = "\n".join(caplog.messages)
+    stalls = re.search(r"kani api loop stalls: (\d+) of >= 30 ms, (\d+) ms sampled", text)
+    assert stalls, text
+    # One stall of 250 ms: sampled from 30 ms on, every 10 ms (a slow CI thread may miss some polls).
+    assert int(stalls[1]) >= 1 and 60 <= int(stalls[2]) <= 260, text
+    held = re.findall(r"kani api loop stall, loop thread, (\d+) ms: (.*)", text)
+    assert held and held[0][1].endswith("_hold_the_loop (tests/test_loop_lag.py)"), held
+    gen2 = re.search(r"kani api gc: .*gen2 (\d+)x total ([\d.]+) ms", text)
+    assert gen2 and int(gen2[1]) >= 1, text
+
+
+def test_stall_sampling_is_off_by_default(monkeypatch):
+    monkeypatch.delenv(KANI_LOOP_STALL_MS, raising=False)
+    assert loop_stall_threshold_s() == 0.0
+    monkeypatch.setenv(KANI_LOOP_STALL_MS, "50")
+    assert loop_stall_threshold_s() == 0.05
+    monkeypatch.setenv(KANI_LOOP_STALL_MS, "x")
+    with pytest.raises(ValueError, match="KANI_LOOP_STALL_MS='x': expected a number of milliseconds"):
+        loop_stall_threshold_s()

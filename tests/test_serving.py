@@ -342,13 +342,14 @@ def test_end2end_example_runs_offline(tiny_parallel, tmp_path):
     assert rate == SAMPLE_RATE and len(data) == 6 * SAMPLES_PER_FRAME
 
 
-# The flattened server also runs with the step meter, the API loop-lag meter, a GIL switch interval and the Stage-0
+# The flattened server also runs with the step meter, the API loop-lag meter (and its stall sampler), a GIL switch interval and the Stage-0
 # sampler patches
 # alternating with vLLM's path in 0.2-s windows (the patches are on by default, the rest off), so they are checked in
 # a real server without starting another one.
 OPTIONS_ENV = {
     "KANI_STEP_STATS_S": "0.1",
     "KANI_LOOP_LAG_S": "0.2",
+    "KANI_LOOP_STALL_MS": "20",
     "KANI_GIL_SWITCH_INTERVAL_MS": "1",
     "KANI_STAGE0_SAMPLER_PATCHES": "1",
     "KANI_SAMPLER_AB_PERIOD_S": "0.2",
@@ -386,6 +387,9 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
     # The API server's event-loop lag, from the health checks on.
     lags = re.findall(r"kani api loop lag: p50 ([\d.]+) ms, p99 ([\d.]+) ms, max ([\d.]+) ms, late \d+% of", log)
     assert lags and all(float(a) <= float(b) <= float(c) for a, b, c in lags), log[-3000:]
+    # Each meter's window also times the process's garbage collections.
+    for who in ("api", "stage0"):
+        assert re.search(rf"kani {who} gc: gen0 \d+x total [\d.]+ ms max [\d.]+ ms, .*; paused", log), who
 
 
 def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, kernel_trace_dir):

@@ -50,18 +50,19 @@ def gil_switch_interval_s() -> float | None:
     return value / 1000.0
 
 
-def _seconds(name: str) -> float:
-    """The variable ``name`` as a number of seconds, 0 when unset or negative; ValueError naming it otherwise."""
+def _seconds(name: str, unit: str = "seconds") -> float:
+    """The variable ``name`` as a number (of ``unit``), 0 when unset or negative; ValueError naming it otherwise."""
     raw = os.environ.get(name, "").strip()
     try:
         value = float(raw) if raw else 0.0
     except ValueError as exc:
-        raise ValueError(f"{name}={raw!r}: expected a number of seconds") from exc
+        raise ValueError(f"{name}={raw!r}: expected a number of {unit}") from exc
     return max(value, 0.0)
 
 
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
 KANI_LOOP_LAG_S = "KANI_LOOP_LAG_S"
+KANI_LOOP_STALL_MS = "KANI_LOOP_STALL_MS"
 
 
 def step_stats_interval_s() -> float:
@@ -72,6 +73,12 @@ def step_stats_interval_s() -> float:
 def loop_lag_interval_s() -> float:
     """``KANI_LOOP_LAG_S``: log the API server's event-loop lag every this many seconds (0 or unset: off)."""
     return _seconds(KANI_LOOP_LAG_S)
+
+
+def loop_stall_threshold_s() -> float:
+    """``KANI_LOOP_STALL_MS`` in seconds: with the loop-lag meter on, sample the loop thread's stack while the loop
+    has not ticked for this long (0 or unset: off)."""
+    return _seconds(KANI_LOOP_STALL_MS, "milliseconds") / 1000.0
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"

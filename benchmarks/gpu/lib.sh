@@ -19,6 +19,8 @@ export PATH=/tmp/whl/bin:$PATH  # py-spy, when its wheel is carried
 export KANI_STEP_STATS_S=${KANI_STEP_STATS_S:-5}
 # ... and the API server its event-loop lag (entrypoints/loop_lag.py): do new requests wait behind a blocked loop?
 export KANI_LOOP_LAG_S=${KANI_LOOP_LAG_S:-5}
+# ... with the stacks its loop thread stood in while the loop did not tick for 50 ms (entrypoints/loop_stalls.py)
+export KANI_LOOP_STALL_MS=${KANI_LOOP_STALL_MS:-50}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_LOGGING_COLOR=0
 # JIT caches. On a fresh machine Stage 0 spent 97 s between its profiling run and its KV-cache line (11-14 s once the
 # machine had compiled them: eighth set), so a served phase needs 4 minutes to start. pack returns Triton's cache

@@ -4,7 +4,8 @@ The step-time benchmark times a Stage 0 alone; served, the same step shares its 
 threads and its GPU with the codec. This meter counts the steps and sampled rows the model sees (one
 ``compute_logits`` per step) with host clocks only (no device sync), so the served step period can be read from
 the server log next to the benchmark's. With ``KANI_SAMPLER_AB_PERIOD_S`` (``sampler_ab``) a window is one A/B
-window instead, and its line says whether the sampler patches took it.
+window instead, and its line says whether the sampler patches took it. A second line gives the process's garbage
+collections in the window (``gc_pauses``): one stops the step loop wherever it falls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 
 from vllm_omni_kani import sampler_ab
 from vllm_omni_kani.envs import step_stats_interval_s
+from vllm_omni_kani.gc_pauses import GcPauses, describe
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,9 @@ class StepMeter:
         self._periods = 0
         self._rows = 0
         self._window = -1
+        self.gc = GcPauses()
+        if self.enabled:
+            self.gc.install()
 
     @property
     def enabled(self) -> bool:
@@ -85,8 +90,10 @@ class StepMeter:
             f"mean batch {self._rows / self._periods:.1f} over {elapsed:.1f} s{suffix}"
         )
         logger.info("%s", line)
+        logger.info("kani %s gc: %s", self.label, describe(self.gc.take(), elapsed))
         return line
 
     def _open(self, now: float) -> None:
+        self.gc.take()  # collections between windows (an idle engine) belong to none
         self._start = self._last = now
         self._periods = self._rows = 0

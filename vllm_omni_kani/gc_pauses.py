@@ -1,0 +1,89 @@
+"""How long the garbage collector stopped this process, per generation, for the meters' windows.
+
+A collection runs on whichever thread happened to allocate and holds the GIL throughout, so it stalls the API
+server's event loop or an engine's step wherever it falls: a profile shows the allocation that triggered it, not the
+collection. ``gc.callbacks`` times each one; a meter (``loop_lag``, ``step_meter``) takes the window's counts and
+logs them beside its own line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+GENERATIONS = 3
+
+
+@dataclass
+class GenerationPauses:
+    """One generation's collections in a window."""
+
+    count: int = 0
+    total_s: float = 0.0
+    max_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total_s += seconds
+        self.max_s = max(self.max_s, seconds)
+
+
+@dataclass
+class GcPauses:
+    """Times every collection of this process once ``install``ed; ``take`` returns the window's and starts anew."""
+
+    window: list[GenerationPauses] = field(default_factory=lambda: [GenerationPauses() for _ in range(GENERATIONS)])
+    _started: float | None = None
+
+    _hook: Callable[[str, dict[str, int]], None] | None = None
+
+    def install(self) -> None:
+        """Hook ``gc.callbacks`` (once per instance). The hook holds the meter weakly and unhooks itself once the
+        meter is gone, so a meter that is dropped without ``uninstall`` leaves nothing behind."""
+        if self._hook is not None:
+            return
+        ref = weakref.ref(self)
+
+        def hook(phase: str, info: dict[str, int]) -> None:
+            pauses = ref()
+            if pauses is None:
+                with contextlib.suppress(ValueError):
+                    gc.callbacks.remove(hook)
+            else:
+                pauses._callback(phase, info)
+
+        self._hook = hook
+        gc.callbacks.append(hook)
+
+    def uninstall(self) -> None:
+        if self._hook is not None:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self._hook)
+            self._hook = None
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            generation = min(int(info.get("generation", GENERATIONS - 1)), GENERATIONS - 1)
+            self.window[generation].add(time.perf_counter() - self._started)
+            self._started = None
+
+    def take(self) -> list[GenerationPauses]:
+        """The window's pauses per generation (0, 1, 2); the next window starts empty."""
+        window, self.window = self.window, [GenerationPauses() for _ in range(GENERATIONS)]
+        return window
+
+
+def describe(window: list[GenerationPauses], elapsed_s: float) -> str:
+    """One log fragment: each generation's collections, their total and longest pause, and the share of the window."""
+    parts = [
+        f"gen{g} {p.count}x total {1e3 * p.total_s:.1f} ms max {1e3 * p.max_s:.1f} ms" for g, p in enumerate(window)
+    ]
+    paused = sum(p.total_s for p in window)
+    share = 100 * paused / elapsed_s if elapsed_s > 0 else 0.0
+    return f"{', '.join(parts)}; paused {share:.1f}% of {elapsed_s:.1f} s"
