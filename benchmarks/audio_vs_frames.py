@@ -2,10 +2,11 @@
 
     python3 benchmarks/audio_vs_frames.py SERVER_LOG[.gz] [--tokens-per-frame 1|4] [--json OUT]
 
-vLLM-Omni logs a ``StageRequestStats`` table per request: Stage 0's ``num_tokens_out`` and Stage 1's
-``audio_generated_frames`` (samples). A request is *whole* when its audio is exactly the frames of its output
-tokens: ``tokens // tokens_per_frame`` frames, less the frame-less tokens a stream that ended by itself carries
-(END_OF_SPEECH and what follows it: at most 3 tokens; parallel heads: 1). Anything else lost or repeated audio.
+The API server logs one ``[KaniRequestStats]`` line per request (older logs, or ``KANI_REQUEST_TABLES=1``: vLLM-Omni's
+``StageRequestStats`` table): Stage 0's ``num_tokens_out`` and Stage 1's ``audio_generated_frames`` (samples). A
+request is *whole* when its audio is exactly the frames of its output tokens: ``tokens // tokens_per_frame`` frames,
+less the frame-less tokens a stream that ended by itself carries (END_OF_SPEECH and what follows it: at most 3
+tokens; parallel heads: 1). Anything else lost or repeated audio.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from vllm_omni_kani.entrypoints import request_stats
+
 SAMPLES_PER_FRAME = 1764
 _ROW = re.compile(r"\|\s*(\w+)\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
 
@@ -27,11 +30,22 @@ def log_lines(log: Path) -> list[str]:
     return (gzip.decompress(data) if log.suffix == ".gz" else data).decode(errors="replace").splitlines()
 
 
+def _from_record(record: dict) -> dict[str, tuple[str, str]]:
+    """A ``[KaniRequestStats]`` record's stage rows as the tables' {field: (stage-0 text, stage-1 text)}."""
+    stages = record.get("stages", {})
+    first, second = stages.get("0", {}), stages.get("1", {})
+    return {k: (str(first.get(k, "")), str(second.get(k, ""))) for k in {*first, *second}}
+
+
 def requests(log: Path) -> dict[str, dict[str, str]]:
-    """request id -> {field: (stage-0 value, stage-1 value)} of every stats table in the log."""
+    """request id -> {field: (stage-0 value, stage-1 value)} of every stats line or table in the log."""
     out: dict[str, dict[str, tuple[str, str]]] = {}
     current = None
     for line in log_lines(log):
+        if parsed := request_stats.parse(line):
+            out[parsed[0]] = _from_record(parsed[1])
+            current = None
+            continue
         m = re.search(r"StageRequestStats \[request_id=([^\]]+)\]", line)
         if m:
             current = out.setdefault(m.group(1), {})

@@ -203,6 +203,13 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     for request_id, fields in stats.items():
         assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)
         assert int(fields["num_tokens_out"][0]) > 0
+        # Both stages' first outputs, as ttfa_breakdown.py reads them.
+        assert all(float(t) > 0 for t in fields["vllm_ttft_ms"]), fields
+    # One line per request, not vLLM-Omni's tables.
+    text = log.read_text()
+    for request_id in stats:
+        assert text.count(f"[KaniRequestStats] request_id={request_id} ") == 1
+        assert f"StageRequestStats [request_id={request_id}]" not in text
 
 
 def test_the_api_server_runs_its_event_loop_patches(server):
@@ -210,7 +217,7 @@ def test_the_api_server_runs_its_event_loop_patches(server):
     ``patch.log_request_summaries_off_the_event_loop``): the other tests here then stream through them."""
     log = server.log_text()
     assert "PCM and WAV encoded with numpy" in log
-    assert "request summaries: built and logged on a background thread" in log
+    assert "request summaries: one [KaniRequestStats] line per request, logged on a background thread" in log
 
 
 @pytest.mark.parametrize("fmt", ["flac", "mp3", "opus", "pcm"])

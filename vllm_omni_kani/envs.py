@@ -31,6 +31,15 @@ def disabled_patches() -> set[str]:
     return {name.strip() for name in os.environ.get(KANI_DISABLE_PATCHES, "").split(",") if name.strip()}
 
 
+KANI_REQUEST_TABLES = "KANI_REQUEST_TABLES"
+
+
+def request_tables() -> bool:
+    """``KANI_REQUEST_TABLES``: the API server logs vLLM-Omni's per-request stats tables instead of one
+    ``[KaniRequestStats]`` line per request."""
+    return _flag(KANI_REQUEST_TABLES)
+
+
 KANI_GIL_SWITCH_INTERVAL_MS = "KANI_GIL_SWITCH_INTERVAL_MS"
 
 

@@ -584,23 +584,32 @@ def log_request_summaries_off_the_event_loop() -> bool | None:
     (``OrchestratorAggregator.build_and_log_summary``) on the API server's event loop, ~0.6 ms a request.
 
     Its only caller discards the returned dict, so the build is handed to ``summary_logging.SUMMARIES`` (one thread,
-    finishing order, drained at exit) and ``{}`` returned at once; the log lines are unchanged. Only in the API server
-    process: offline ``Omni`` keeps its summaries inline, next to its other output.
+    finishing order, drained at exit) and ``{}`` returned at once. What that thread logs is one line per request
+    (``request_stats``), not the five tables: those held the GIL long enough to stall the event loop at 256 streams;
+    ``KANI_REQUEST_TABLES=1`` logs the tables instead. Only in the API server process: offline ``Omni`` keeps its
+    summaries inline, next to its other output.
     """
     from vllm_omni.metrics.stats import OrchestratorAggregator
 
+    from vllm_omni_kani.entrypoints.request_stats import log_request_stats
     from vllm_omni_kani.entrypoints.summary_logging import SUMMARIES
+    from vllm_omni_kani.envs import request_tables
 
     build = OrchestratorAggregator.build_and_log_summary
+    tables = request_tables()
+    job = build if tables else log_request_stats
 
     @functools.wraps(build)
     def build_and_log_summary(self: Any) -> dict[str, Any]:
         if self.log_stats:
-            SUMMARIES.submit(functools.partial(build, self))
+            SUMMARIES.submit(functools.partial(job, self))
         return {}
 
     OrchestratorAggregator.build_and_log_summary = build_and_log_summary
-    logger.info("request summaries: built and logged on a background thread, off the event loop")
+    logger.info(
+        "request summaries: %s, logged on a background thread, off the event loop",
+        "vLLM-Omni's tables (KANI_REQUEST_TABLES)" if tables else "one [KaniRequestStats] line per request",
+    )
 
 
 def _vllm_0_26() -> bool:
