@@ -8,7 +8,9 @@ import contextlib
 import gc
 import logging
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -68,14 +70,27 @@ def _hold_the_loop(seconds: float) -> None:
         sum(range(100))
 
 
+def _busy_elsewhere(done: threading.Event) -> None:
+    while not done.is_set():
+        sum(range(100))
+
+
 def test_a_stall_names_the_function_that_held_the_loop_and_gc_is_timed(caplog):
     caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.loop_lag")
 
     async def serve() -> LoopLagMeter:
         meter = LoopLagMeter(interval_s=0.5, stall_s=0.03)
         meter.ensure_started()
+        idle_pool = ThreadPoolExecutor(1)
+        idle_pool.submit(int).result()  # its worker now waits for work in C
         await asyncio.sleep(0.05)
+        done = threading.Event()
+        busy = threading.Thread(target=_busy_elsewhere, args=(done,))
+        busy.start()
         _hold_the_loop(0.25)
+        done.set()
+        busy.join()
+        idle_pool.shutdown()
         gc.collect(2)
         await asyncio.sleep(0.5)
         meter.task.cancel()
@@ -92,6 +107,10 @@ def test_a_stall_names_the_function_that_held_the_loop_and_gc_is_timed(caplog):
     assert int(stalls[1]) >= 1 and 60 <= int(stalls[2]) <= 260, text
     held = re.findall(r"kani api loop stall, loop thread, (\d+) ms: (.*)", text)
     assert held and held[0][1].endswith("_hold_the_loop (tests/test_loop_lag.py)"), held
+    # The other thread that ran Python during the stall is named; the idle executor worker is not.
+    others = re.findall(r"kani api loop stall, other thread busy, (\d+) ms: (.*)", text)
+    assert any(stack.endswith("_busy_elsewhere (tests/test_loop_lag.py)") for _, stack in others), others
+    assert not any(stack.endswith("_worker (futures/thread.py)") for _, stack in others), others
     gen2 = re.search(r"kani api gc: .*gen2 (\d+)x total ([\d.]+) ms", text)
     assert gen2 and int(gen2[1]) >= 1, text
 

@@ -74,6 +74,8 @@
 #   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 1,024; 0 is no bound,
 #            every chunk that arrived in one codec step, as shipped): the bound's served A/B for TTFA and frames/s;
 #            send beside `served`
+#   servedtables  `served` with vLLM-Omni's per-request stats tables (KANI_REQUEST_TABLES=1) instead of one line per
+#            request: how much the tables' logging stalls the API server's loop; send beside `served`
 #   servedtrace  `served` with KANI_TRACE_CHUNKS=1 (Stage 0 logs each chunk it emits, the codec each step after a
 #            device sync): how long first chunks wait for the codec and what the step they join costs
 #            (benchmarks/chunk_waits.py); the sync makes its frames/s no reference
@@ -263,6 +265,15 @@ for phase in "$@"; do
       cleanup
       step_rates
       pack servedgil ;;
+    servedtables)
+      checkpoints
+      # vLLM-Omni's five stats tables per finished request instead of one [KaniRequestStats] line: their served A/B
+      # (loop stalls, "admitted -> handler"); send beside `served`.
+      KANI_REQUEST_TABLES=1 serve_sweeps 0 shipped-tables "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      cleanup
+      frames_check shipped-tables
+      step_rates
+      pack servedtables ;;
     samplergil)
       checkpoints
       KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5} sampled_steps "stage0-gil${GIL_MS:-0.5}" omni "$CK/par"

@@ -6,6 +6,8 @@ than ``KANI_LOOP_STALL_MS``, this daemon thread samples the loop thread's stack 
 interval to it, so each window can name the stacks that held the loop and for how long (a lower bound: the watchdog
 needs the GIL to sample, and waits up to the switch interval for it). The loop thread may also be
 waiting for the GIL another thread holds, so the busy frames of the process's other threads are sampled beside it.
+A thread counts as busy only where it moved since the stall's previous sample: one parked in a C call (an idle
+executor worker in ``SimpleQueue.get``, a socket wait) keeps its frame and instruction, and holds no GIL there.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class LoopStallSampler:
         self.other_stacks: Counter[str] = Counter()
         self.stalls = 0
         self._in_stall = False
+        self._where: dict[int, tuple[int, int]] = {}  # thread -> (innermost frame, instruction) at the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="kani-loop-stalls", daemon=True)
         self._thread.start()
@@ -70,12 +73,18 @@ class LoopStallSampler:
     def _sample(self) -> None:
         if not self._in_stall:
             self.stalls += 1
+            self._where = {}  # a stall's first sample only places the other threads
         mine = threading.get_ident()
+        where = {}
         for ident, frame in sys._current_frames().items():
             if ident == self.loop_thread:
                 self.loop_stacks[stack_of(frame)] += 1
-            elif ident != mine and frame.f_code.co_name not in WAITING:
-                self.other_stacks[stack_of(frame, 4)] += 1
+            elif ident != mine:
+                where[ident] = (id(frame), frame.f_lasti)
+                moved = ident in self._where and self._where[ident] != where[ident]
+                if moved and frame.f_code.co_name not in WAITING:
+                    self.other_stacks[stack_of(frame, 4)] += 1
+        self._where = where
 
     def take(self, top: int = 3) -> tuple[int, float, list[tuple[float, str]], list[tuple[float, str]]]:
         """The window's stalls, their sampled seconds, and the ``top`` loop and other-thread stacks (seconds, stack);

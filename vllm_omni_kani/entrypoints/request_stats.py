@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
 TAG = "[KaniRequestStats]"
+_LINE = re.compile(re.escape(TAG) + r" request_id=(\S+) (\{.*\})\s*$")
 
 
 def _shown(row: dict[str, Any]) -> dict[str, Any]:
@@ -63,9 +65,11 @@ def log_request_stats(aggregator: Any) -> None:
 
 
 def parse(line: str) -> tuple[str, dict[str, Any]] | None:
-    """``(request id, record)`` of a ``TAG`` log line, else None."""
-    at = line.find(TAG)
-    if at < 0:
+    """``(request id, record)`` of a ``TAG`` log line; None for any other line, or one cut by other output."""
+    m = _LINE.search(line)
+    if m is None:
         return None
-    rid, _, payload = line[at + len(TAG) :].strip().partition(" ")
-    return rid.removeprefix("request_id="), json.loads(payload)
+    try:
+        return m[1], json.loads(m[2])
+    except json.JSONDecodeError:
+        return None

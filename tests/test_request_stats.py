@@ -1,0 +1,66 @@
+"""One ``[KaniRequestStats]`` line per finished request (``entrypoints/request_stats.py``): the fields of vLLM-Omni's
+tables, read back by the benchmark tools the same way from either form."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from vllm_omni.metrics.stats import OrchestratorAggregator, RequestE2EStats, StageRequestStats, TransferEdgeStats
+
+from tests.conftest import benchmark_script
+from vllm_omni_kani.entrypoints.request_stats import TAG, log_request_stats, parse, request_stats
+
+FRAMES = 250
+SAMPLES_PER_FRAME = 1764
+
+
+def aggregator(rid: str) -> OrchestratorAggregator:
+    """Stats as a served 250-frame request leaves them: two stages, per-output latency lists, one transfer."""
+    agg = OrchestratorAggregator(2, True, time.time(), 1)
+    agg.stage_events[rid] = [
+        StageRequestStats(
+            0, 64, 80, FRAMES + 1, 3300.0, 0, 0.0, 0.0, None, stage_id=stage, request_id=rid,
+            audio_generated_frames=FRAMES * SAMPLES_PER_FRAME if stage else 0, vllm_ttft_ms=60.5 + stage,
+            vllm_itls_ms=[12.0] * FRAMES, inter_output_latencies_ms=[400.0] * 6,
+        )
+        for stage in (0, 1)
+    ]  # fmt: skip
+    agg.e2e_events.append(RequestE2EStats(rid, 3500.0, FRAMES + 1, 3.0, 1000))
+    agg.transfer_events[(0, 1, rid)] = TransferEdgeStats(0, 1, rid, 4096, 0.5)
+    return agg
+
+
+def test_one_line_carries_the_tables_fields_and_parses_back(caplog):
+    caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.request_stats")
+    log_request_stats(aggregator("speech-abc"))
+    (line,) = [m for m in caplog.messages if TAG in m]
+    rid, record = parse(f"(APIServer pid=1) INFO 11-25 21:43:43 [request_stats.py:66] {line}")
+    assert rid == "speech-abc" and record == request_stats(aggregator("speech-abc"))["speech-abc"]
+    stage0, stage1 = record["stages"]["0"], record["stages"]["1"]
+    assert stage0["num_tokens_out"] == FRAMES + 1 and stage1["audio_generated_frames"] == FRAMES * SAMPLES_PER_FRAME
+    assert (stage0["vllm_ttft_ms"], stage1["vllm_ttft_ms"]) == (60.5, 61.5)
+    # Zero fields and the per-output latency lists stay out; their means would stay.
+    assert "audio_generated_frames" not in stage0 and "vllm_itls_ms" not in stage0
+    assert "inter_output_latencies_ms" not in stage1
+    assert record["e2e"]["e2e_total_ms"] == 3500.0 and record["transfers"]["0->1"]["tx_time_ms"] == 0.5
+
+
+def test_other_lines_and_cut_lines_are_not_records():
+    assert parse("request summaries: one [KaniRequestStats] line per request, logged on a background thread") is None
+    assert parse('[KaniRequestStats] request_id=speech-abc {"stages": {"0": {"num_tok') is None
+    assert parse("[KaniRequestStats] request_id=speech-abc {not json}") is None
+
+
+def test_audio_vs_frames_reads_the_line_and_the_tables_alike(tmp_path, caplog):
+    audio_vs_frames = benchmark_script("audio_vs_frames")
+    caplog.set_level(logging.INFO)
+    log_request_stats(aggregator("speech-line"))
+    aggregator("speech-table").build_and_log_summary()
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    found = audio_vs_frames.requests(log)
+    assert set(found) == {"speech-line", "speech-table"}, list(found)
+    for fields in found.values():
+        assert audio_vs_frames.classify(fields, 1) == "whole, ended by itself", fields  # 251 tokens, 250 frames
+        assert float(fields["vllm_ttft_ms"][1].replace(",", "")) == 61.5
