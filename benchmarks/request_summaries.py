@@ -22,11 +22,11 @@ FRAMES = 250
 SAMPLES_PER_FRAME = 1764
 
 
-def aggregator(i: int):
+def aggregator(rid: str):
+    """vLLM-Omni's stats of one served 250-frame request ``rid``: two stages, per-output latency lists, a transfer."""
     from vllm_omni.metrics.stats import OrchestratorAggregator, RequestE2EStats, StageRequestStats, TransferEdgeStats
 
     agg = OrchestratorAggregator(2, True, time.time(), 1)
-    rid = f"speech-{i:032x}"
     agg.stage_events[rid] = [
         StageRequestStats(
             0, 64, 80, FRAMES + 1, 3300.0, 0, 0.0, 0.0, None, stage_id=stage, request_id=rid,
@@ -61,7 +61,7 @@ def main() -> None:
     rows = []
     for round_ in range(args.rounds):
         for label, log_one in ways:
-            aggs = [aggregator(i) for i in range(args.requests)]
+            aggs = [aggregator(f"speech-{i:032x}") for i in range(args.requests)]
             start = time.perf_counter()
             for agg in aggs:
                 log_one(agg)
