@@ -349,10 +349,9 @@ def test_end2end_example_runs_offline(tiny_parallel, tmp_path):
     assert rate == SAMPLE_RATE and len(data) == 6 * SAMPLES_PER_FRAME
 
 
-# The flattened server also runs with the step meter, the API loop-lag meter (and its stall sampler), a GIL switch interval and the Stage-0
-# sampler patches
-# alternating with vLLM's path in 0.2-s windows (the patches are on by default, the rest off), so they are checked in
-# a real server without starting another one.
+# The flattened server also runs with the step meter, the API loop-lag meter (and its stall sampler), a GIL switch
+# interval and the Stage-0 sampler patches alternating with vLLM's path in 0.2-s windows (the patches are on by
+# default, the rest off), so they are checked in a real server without starting another one.
 OPTIONS_ENV = {
     "KANI_STEP_STATS_S": "0.1",
     "KANI_LOOP_LAG_S": "0.2",

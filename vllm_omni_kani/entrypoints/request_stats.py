@@ -3,11 +3,11 @@
 vLLM-Omni logs, per request, an overall summary, an E2E table, an ``[OmniTiming]`` line, a stage table and a
 transfer table. Served at 256 streams, waves of requests end together, and the API server's event loop, which admits
 new requests, stalled for 100-700 ms at the waves' edges, sampled in ordinary per-chunk work as a thread that waits
-for the GIL is (docs/BENCHMARKS.md, seventeenth set). The summary thread holds it while it formats and writes: 1.6 ms a request for the tables, 0.14 ms
-for one line (``benchmarks/request_summaries.py``). The same per-request fields (the stage rows, the E2E row, the
-transfers; zero fields left out as the tables do, and so are the per-output latency lists) go out as one JSON object
-on one line, ``[KaniRequestStats] request_id=ID {...}``, which the benchmark tools read
-(``benchmarks/audio_vs_frames.py``). ``KANI_REQUEST_TABLES=1`` brings vLLM-Omni's tables back.
+for the GIL is (docs/BENCHMARKS.md, seventeenth set). The summary thread holds it while it formats and writes:
+1.6 ms a request for the tables, 0.14 ms for one line (``benchmarks/request_summaries.py``). The same per-request
+fields (the stage rows, the E2E row, the transfers; zero fields left out as the tables do, and so are the per-output
+latency lists) go out as one JSON object on one line, ``[KaniRequestStats] request_id=ID {...}``, which the benchmark
+tools read (``benchmarks/audio_vs_frames.py``). ``KANI_REQUEST_TABLES=1`` brings vLLM-Omni's tables back.
 """
 
 from __future__ import annotations
