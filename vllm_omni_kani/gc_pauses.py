@@ -13,7 +13,7 @@ import gc
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 GENERATIONS = 3
 
@@ -32,14 +32,13 @@ class GenerationPauses:
         self.max_s = max(self.max_s, seconds)
 
 
-@dataclass
 class GcPauses:
     """Times every collection of this process once ``install``ed; ``take`` returns the window's and starts anew."""
 
-    window: list[GenerationPauses] = field(default_factory=lambda: [GenerationPauses() for _ in range(GENERATIONS)])
-    _started: float | None = None
-
-    _hook: Callable[[str, dict[str, int]], None] | None = None
+    def __init__(self) -> None:
+        self.window = [GenerationPauses() for _ in range(GENERATIONS)]
+        self._started: float | None = None
+        self._hook: Callable[[str, dict[str, int]], None] | None = None
 
     def install(self) -> None:
         """Hook ``gc.callbacks`` (once per instance). The hook holds the meter weakly and unhooks itself once the
