@@ -79,6 +79,11 @@ def _busy_elsewhere(done: threading.Event) -> None:
         sum(range(100))
 
 
+def _names(stack: str, frame: str) -> bool:
+    """Whether a logged stack (``outer (file:line) < ... < leaf (file)``) holds ``frame``, with or without its line."""
+    return any(part.startswith(frame) for part in stack.split(" < "))
+
+
 def test_a_stall_names_the_function_that_held_the_loop_and_gc_is_timed(caplog):
     caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.loop_lag")
 
@@ -113,8 +118,9 @@ def test_a_stall_names_the_function_that_held_the_loop_and_gc_is_timed(caplog):
     assert held and held[0][1].endswith("_hold_the_loop (tests/test_loop_lag.py)"), held
     # The other thread that ran Python during the stall is named; the idle executor worker is not.
     others = re.findall(r"kani api loop stall, other thread busy, (\d+) ms: (.*)", text)
-    assert any(stack.endswith("_busy_elsewhere (tests/test_loop_lag.py)") for _, stack in others), others
-    assert not any(stack.endswith("_worker (futures/thread.py)") for _, stack in others), others
+    # The busy thread may be sampled inside a callee (``Event.is_set``): its function is somewhere on the stack.
+    assert any(_names(stack, "_busy_elsewhere (tests/test_loop_lag.py") for _, stack in others), others
+    assert not any(_names(stack, "_worker (futures/thread.py") for _, stack in others), others
     gen2 = re.search(r"kani api gc: .*gen2 (\d+)x total ([\d.]+) ms", text)
     assert gen2 and int(gen2[1]) >= 1, text
 
