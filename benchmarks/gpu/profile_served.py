@@ -23,6 +23,7 @@ import collections
 import contextlib
 import importlib.util
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -89,6 +90,14 @@ def top_stacks(raw: Path, count: int = 40) -> dict[str, object]:
     return {"samples": total, "inclusive": inclusive.most_common(count)}
 
 
+def load_waves(args: argparse.Namespace) -> int:
+    """Waves of ``streams`` requests that keep the server loaded past the measured window even at ``stream_fps``
+    frames/s per stream, plus one: three waves (the earlier default) ended ~10 s into a 20-s window at 256 streams
+    on an H100 (docs/BENCHMARKS.md, "Seventeenth set")."""
+    seconds_per_request = args.frames / args.stream_fps
+    return math.ceil((args.delay + args.seconds) / seconds_per_request) + 1
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True)
@@ -100,6 +109,12 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=20.0, help="seconds of load before measuring")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--stream-fps",
+        type=float,
+        default=50.0,
+        help="the fastest frames/s per stream expected: enough requests are sent to load the server past the window",
+    )
     parser.add_argument("--kernel-trace-s", type=float, default=0.0, help="trace the GPU this long instead of py-spy")
     args = parser.parse_args()
     out = Path(args.out)
@@ -113,7 +128,7 @@ def main() -> None:
     with serving(args.ckpt, args.deploy_config, out / f"serve-profile-{args.label}.log", env=env) as server:
         argv = ["--url", server.url, "--model", args.ckpt, "--label", f"profile-load-{args.label}"]
         argv += ["--max-new-frames", str(args.frames), "--concurrency", str(args.streams)]
-        argv += ["--requests", str(args.streams * 3), "--warmup", "0", "--out", str(out)]
+        argv += ["--requests", str(args.streams * load_waves(args)), "--warmup", "0", "--out", str(out)]
         bench_parser = argparse.ArgumentParser()
         bench_tts.add_arguments(bench_parser)
         bench_args = bench_parser.parse_args(argv)
@@ -159,6 +174,9 @@ def main() -> None:
         before, t0 = snapshot(procs), time.monotonic()
         time.sleep(args.seconds)
         after, wall = snapshot(procs), time.monotonic() - t0
+        loaded_throughout = load.is_alive()
+        if not loaded_throughout:
+            print("warning: the load ended inside the measured window; its shares include idle time", flush=True)
         for spy in spies:
             spy.wait(timeout=args.seconds + 60)
         load.join()
@@ -170,7 +188,13 @@ def main() -> None:
                 pid = int(key.split("/")[0])
                 rows.append({"id": key, "comm": comm, "cpu": round(share, 3), "process": names.get(pid, "")})
     rows.sort(key=lambda r: (r["id"].split("/")[0], -r["cpu"]))
-    result: dict[str, object] = {"label": args.label, "frames": args.frames, "streams": args.streams, "cpu": rows}
+    result: dict[str, object] = {
+        "label": args.label,
+        "frames": args.frames,
+        "streams": args.streams,
+        "loaded_throughout": loaded_throughout,
+        "cpu": rows,
+    }
     stacks = {}
     for raw in sorted([*out.glob("spy-*.txt"), *out.glob("gil-*.txt"), *out.glob("idle-*.txt")]):
         stacks[raw.stem] = top_stacks(raw)
