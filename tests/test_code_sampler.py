@@ -121,23 +121,25 @@ def test_unseeded_codes_follow_the_tempered_softmax_of_each_head():
 
 
 def _no_kernel_compiles_after_the_warm_up() -> None:
-    """Raises AssertionError if a sampled step compiles a kernel after ``warm_up_kernels`` (the code heads). Run in
-    a fresh process: the count is of the kernels compiled in this process, so an earlier test's use cannot hide a
-    kernel the warm-up missed."""
+    """Raises AssertionError if a sampled step compiles a kernel after ``warm_up_kernels`` (the code heads) and
+    ``codebook1_noise.warm_up_kernel`` (codebook 1 at the vocabulary's width). Run in a fresh process: the count is
+    of the kernels compiled in this process, so an earlier test's use cannot hide a kernel the warm-up missed."""
     from vllm.v1.sample.ops.topk_topp_triton import _topk_topp_kernel
 
+    from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
     from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import _hashed_exponentials_kernel
 
     def compiled() -> int:
         kernels = (_topk_topp_kernel, _hashed_exponentials_kernel)
         return sum(len(cache[0]) for kernel in kernels for cache in kernel.device_caches.values())
 
-    size, device = 4032, torch.device("cuda")
+    size, vocab, device = 4032, 68442, torch.device("cuda")
     assert compiled() == 0
     warm_up_kernels(3, size, device)
+    codebook1_noise.warm_up_kernel(vocab, device)
     before = compiled()
-    # three filter sets at two row-count classes, and the heads' noise
-    assert before >= 7
+    # three filter sets at two row-count classes, and the noise of the heads and of codebook 1
+    assert before >= 8
     for rows in (5, 11, 32, 256):
         for top_k, top_p in ((None, 0.9), (50, None), (50, 0.9)):
             meta = metadata(rows, {0: 7}, device="cuda")
@@ -145,6 +147,8 @@ def _no_kernel_compiles_after_the_warm_up() -> None:
             meta.top_p = None if top_p is None else torch.full((rows,), top_p, device=device)
             codes = sample_codes(torch.randn(rows, 3, size, device=device), meta)
             assert codes.shape == (rows, 3)
+        probs = torch.rand(rows, vocab, device=device).softmax(dim=-1)
+        codebook1_noise.hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(rows)})
     assert compiled() == before
 
 
@@ -152,7 +156,7 @@ def _no_kernel_compiles_after_the_warm_up() -> None:
     not torch.cuda.is_available(), reason="Triton compiles kernels only for a CUDA device (CPU CI has none)"
 )
 def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
-    """Every filter set, seeded or not, at batch sizes on both sides of Triton's row-count specialisations: the
-    kernels the code heads' step launches were all compiled by the load-time warm-up."""
+    """Every filter set, seeded or not, at batch sizes on both sides of Triton's row-count specialisations, and
+    codebook 1's seeded noise: the kernels the step launches were all compiled by the load-time warm-ups."""
     out = run_python("import tests.test_code_sampler as t; t._no_kernel_compiles_after_the_warm_up(); print('ok')")
     assert out.stdout.strip().endswith("ok")

@@ -14,6 +14,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import sample_with_exponential_noise
 from tests.conftest import run_python
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
+    CODEBOOK1_SALT,
     SALT,
     _key_words,
     exponential_of_bits,
@@ -25,7 +26,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
 )
 
 WIDTH = 3 * 4032  # three code heads of 4,032 codes: the width the model asks for
-OTHER_SALT = 0x2C1B3C6D  # any other use of the same hash
+OTHER_SALT = CODEBOOK1_SALT  # another use of the same hash: codebook 1's noise
 SEEDS = (0, 1, 7, 2**40 + 7, 2**64 - 1)  # both 32-bit words of the seed matter, up to the largest seed
 ROWS = (5, 0, 7, 2, 3)  # their batch rows in a step of 8, out of order
 

@@ -101,19 +101,36 @@ def test_the_ab_summary_pairs_neighbouring_windows():
 
 def test_the_patched_side_alternates_and_is_always_taken_without_a_period(monkeypatch):
     monkeypatch.setattr(sampler_ab, "_period", 2.0)
-    assert [sampler_ab.patched_now(now=t) for t in (0.5, 2.5, 4.5, 6.5)] == [True, False, True, False]
+    monkeypatch.setattr(sampler_ab, "_alternating", None)
+    monkeypatch.delenv("KANI_SAMPLER_AB_PATCHES", raising=False)
+    for name in ("penalty_counts", "codebook1_noise"):
+        assert [sampler_ab.patched_now(name, now=t) for t in (0.5, 2.5, 4.5, 6.5)] == [True, False, True, False]
     monkeypatch.setattr(sampler_ab, "_period", 0.0)
-    assert all(sampler_ab.patched_now(now=t) for t in (0.5, 2.5))
+    assert all(sampler_ab.patched_now("penalty_counts", now=t) for t in (0.5, 2.5))
+
+
+def test_only_the_named_patches_alternate(monkeypatch):
+    """``KANI_SAMPLER_AB_PATCHES``: one patch A/B'd on top of the others, which take their path in every window."""
+    monkeypatch.setattr(sampler_ab, "_period", 2.0)
+    monkeypatch.setattr(sampler_ab, "_alternating", None)
+    monkeypatch.setenv("KANI_SAMPLER_AB_PATCHES", "codebook1_noise")
+    assert [sampler_ab.patched_now("codebook1_noise", now=t) for t in (0.5, 2.5, 4.5)] == [True, False, True]
+    assert all(sampler_ab.patched_now("penalty_counts", now=t) for t in (0.5, 2.5, 4.5))
+    monkeypatch.setattr(sampler_ab, "_alternating", None)
+    monkeypatch.setenv("KANI_SAMPLER_AB_PATCHES", "codebook1,penalty_counts")
+    with pytest.raises(ValueError, match=r"KANI_SAMPLER_AB_PATCHES=.*unknown codebook1; expected .*codebook1_noise"):
+        sampler_ab.patched_now("penalty_counts", now=0.5)
 
 
 @pytest.mark.parametrize(
     ("value", "names"),
     [
         ("", {"penalty_counts"}),
-        ("1", {"penalty_counts"}),
+        ("1", {"penalty_counts", "codebook1_noise"}),
         ("0", set()),
         ("off", set()),
         ("penalty_counts", {"penalty_counts"}),
+        ("codebook1_noise, penalty_counts", {"penalty_counts", "codebook1_noise"}),
     ],
 )
 def test_the_sampler_patches_are_chosen_by_name(monkeypatch, value, names):

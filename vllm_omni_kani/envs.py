@@ -92,40 +92,57 @@ def loop_stall_threshold_s() -> float:
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
 # The patches a Kani Stage-0 process can take (``patch.apply_stage0_sampling``): the penalties' output-token counts
-# kept on the device.
-SAMPLER_PATCH_NAMES = ("penalty_counts",)
+# kept on the device, and seeded requests' codebook-1 noise hashed for the whole batch.
+SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise")
+# Those taken when the variable is unset: an A/B on an H200 found the counts faster and every request's audio whole
+# (docs/BENCHMARKS.md, "Twelfth set"); the codebook-1 noise has not been timed since its fix.
+DEFAULT_SAMPLER_PATCHES = ("penalty_counts",)
 _FALSY = ("0", "false", "off", "no")
 
 
-def stage0_sampler_patches() -> frozenset[str]:
-    """The sampler patches a Kani Stage-0 process takes: all of ``SAMPLER_PATCH_NAMES`` when
-    ``KANI_STAGE0_SAMPLER_PATCHES`` is unset or on, none when it is off (0), else the comma-separated names it lists.
-    On by default since an A/B on an H200 found them faster and every request's audio whole (docs/BENCHMARKS.md,
-    "Twelfth set").
-
-    Raises ValueError naming the valid names for a name that is not one."""
-    raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
-    if not raw or raw in TRUTHY:
-        return frozenset(SAMPLER_PATCH_NAMES)
-    if raw in _FALSY:
-        return frozenset()
-    names = {name.strip() for name in raw.split(",") if name.strip()}
+def _patch_names(name: str, raw: str) -> frozenset[str]:
+    """A comma-separated list of sampler patch names; ValueError naming the valid ones for a name that is not one."""
+    names = {part.strip() for part in raw.split(",") if part.strip()}
     unknown = sorted(names - set(SAMPLER_PATCH_NAMES))
     if unknown:
         raise ValueError(
-            f"{KANI_STAGE0_SAMPLER_PATCHES}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all), 0 (none) or a "
-            f"comma-separated list of {', '.join(SAMPLER_PATCH_NAMES)}"
+            f"{name}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all), 0 (none) or a comma-separated list of "
+            f"{', '.join(SAMPLER_PATCH_NAMES)}"
         )
     return frozenset(names)
 
 
+def stage0_sampler_patches() -> frozenset[str]:
+    """The sampler patches a Kani Stage-0 process takes: ``DEFAULT_SAMPLER_PATCHES`` when
+    ``KANI_STAGE0_SAMPLER_PATCHES`` is unset, all of ``SAMPLER_PATCH_NAMES`` when it is on (1), none when it is off
+    (0), else the comma-separated names it lists.
+
+    Raises ValueError naming the valid names for a name that is not one."""
+    raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
+    if not raw:
+        return frozenset(DEFAULT_SAMPLER_PATCHES)
+    if raw in TRUTHY:
+        return frozenset(SAMPLER_PATCH_NAMES)
+    if raw in _FALSY:
+        return frozenset()
+    return _patch_names(KANI_STAGE0_SAMPLER_PATCHES, raw)
+
+
 KANI_SAMPLER_AB_PERIOD_S = "KANI_SAMPLER_AB_PERIOD_S"
+KANI_SAMPLER_AB_PATCHES = "KANI_SAMPLER_AB_PATCHES"
 
 
 def sampler_ab_period_s() -> float:
     """``KANI_SAMPLER_AB_PERIOD_S``: the sampler patches alternate with vLLM's path in windows of this many seconds
     (``sampler_ab``); 0 or unset: no alternation."""
     return _seconds(KANI_SAMPLER_AB_PERIOD_S)
+
+
+def sampler_ab_patches() -> frozenset[str]:
+    """``KANI_SAMPLER_AB_PATCHES``: the taken patches that alternate (unset: all of them); the others take their own
+    path in every window, so one patch is measured on top of the rest."""
+    raw = os.environ.get(KANI_SAMPLER_AB_PATCHES, "").strip().lower()
+    return _patch_names(KANI_SAMPLER_AB_PATCHES, raw) if raw else frozenset(SAMPLER_PATCH_NAMES)
 
 
 KANI_KERNEL_TRACE = "KANI_KERNEL_TRACE"

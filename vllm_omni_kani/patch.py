@@ -283,9 +283,10 @@ def honour_seeds_in_mixed_batches_on_cpu() -> bool | None:
     ``TopKTopPSampler.forward_cpu`` takes its fast path (``compiled_random_sample``, one noise draw for the whole
     batch) whenever not every row has a generator, and then ignores the generators it was given: a seeded
     request that shares a step with an unseeded or greedy one is sampled as if it had no seed, so its output
-    depends on who else is being served. The GPU path does not do this. Here such a batch takes the generator
-    path instead (batch noise for unseeded rows, each seeded row's noise from its own generator), which is what
-    ``forward_cpu`` already does when every row is seeded. Not reported upstream yet.
+    depends on who else is being served. The GPU path does not do this. Here every batch with a seeded row samples
+    through ``random_sample``, the GPU path's function (batch noise for unseeded rows, each seeded row's noise from
+    its own generator: the seeded rows' draws are ``forward_cpu``'s own for an all-seeded batch), so a patch of that
+    function (``codebook1_noise``) samples on CPU too. Not reported upstream yet.
 
     Returns whether the patch is active.
     """
@@ -296,7 +297,7 @@ def honour_seeds_in_mixed_batches_on_cpu() -> bool | None:
 
     @functools.wraps(original)
     def forward_cpu(self: Any, logits: Any, generators: dict[int, Any], k: Any, p: Any) -> Any:
-        if not generators or len(generators) == logits.shape[0] or self.use_fp64_gumbel:
+        if not generators or self.use_fp64_gumbel:
             return original(self, logits, generators, k, p)
         logits = ops.apply_top_k_top_p(logits, k, p)
         processed = None
@@ -304,12 +305,7 @@ def honour_seeds_in_mixed_batches_on_cpu() -> bool | None:
             processed = logits
         elif self.logprobs_mode == "processed_logprobs":
             processed = logits.log_softmax(dim=-1, dtype=torch.float32)
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
-        noise = ops.empty_exponential_noise_like(probs, False)
-        noise.exponential_()
-        for row, generator in generators.items():
-            noise[row].exponential_(generator=generator)
-        return ops.sample_with_exponential_noise(probs, noise), processed
+        return ops.random_sample(logits.softmax(dim=-1, dtype=torch.float32), generators), processed
 
     ops.TopKTopPSampler.forward_cpu = forward_cpu
 
@@ -617,6 +613,25 @@ def _vllm_0_26() -> bool:
 
 
 @_patch(_vllm_0_26)
+def hash_seeded_codebook1_noise() -> bool | None:
+    """vllm 0.26.0: codebook 1's noise for seeded requests hashed for the whole batch, not drawn per request.
+
+    ``topk_topp_sampler.random_sample`` draws each seeded row's noise from its generator in a Python loop, one
+    launch per request per step; ``codebook1_noise`` hashes (seed, generator position) instead, as the code heads
+    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when
+    ``KANI_STAGE0_SAMPLER_PATCHES`` names it; other calls (unseeded, float64 noise) go to vLLM's function.
+
+    Returns whether the patch is active.
+    """
+    from vllm.v1.sample.ops import topk_topp_sampler as ops
+
+    from vllm_omni_kani.model_executor.models.kani_tts.codebook1_noise import with_hashed_seeded_noise
+
+    ops.random_sample = with_hashed_seeded_noise(ops.random_sample)
+    logger.info("seeded codebook-1 noise: hashed for the whole batch")
+
+
+@_patch(_vllm_0_26)
 def count_penalty_tokens_on_device() -> bool | None:
     """vllm 0.26.0: the penalties read each request's output tokens from counts kept on the device across steps.
 
@@ -635,7 +650,10 @@ def count_penalty_tokens_on_device() -> bool | None:
     logger.info("penalties: output-token counts kept on the device")
 
 
-_STAGE0_SAMPLER_PATCHES = {"penalty_counts": count_penalty_tokens_on_device}
+_STAGE0_SAMPLER_PATCHES = {
+    "penalty_counts": count_penalty_tokens_on_device,
+    "codebook1_noise": hash_seeded_codebook1_noise,
+}
 
 
 def apply_stage0_sampling() -> list[str]:

@@ -4,16 +4,18 @@ Two engines differ in more than a patch: the host speed of one GPU machine varie
 same step (docs/BENCHMARKS.md, "Eleventh set"). With ``KANI_SAMPLER_AB_PERIOD_S`` set, the patched functions take
 their own path in even windows of that many seconds and vLLM's in odd ones, and the step meter closes a window at
 each boundary and says which path it measured, so one engine compares both under the same load. The windows come
-from the host's monotonic clock, which every process of a machine shares.
+from the host's monotonic clock, which every process of a machine shares. ``KANI_SAMPLER_AB_PATCHES`` names the
+patches that alternate (all, unset): the rest stay on, so one patch is measured on top of the others.
 """
 
 from __future__ import annotations
 
 import time
 
-from vllm_omni_kani.envs import sampler_ab_period_s
+from vllm_omni_kani.envs import sampler_ab_patches, sampler_ab_period_s
 
 _period: float | None = None
+_alternating: frozenset[str] | None = None
 
 
 def period_s() -> float:
@@ -38,6 +40,15 @@ def patched_in(window_index: int) -> bool:
     return window_index % 2 == 0
 
 
-def patched_now(now: float | None = None) -> bool:
-    """Whether a patched function takes its own path now (always, without alternation)."""
-    return period_s() <= 0 or patched_in(window(now))
+def alternates(name: str) -> bool:
+    """Whether the patch ``name`` alternates (``KANI_SAMPLER_AB_PATCHES``, read once per process)."""
+    global _alternating
+    if _alternating is None:
+        _alternating = sampler_ab_patches()
+    return name in _alternating
+
+
+def patched_now(name: str, now: float | None = None) -> bool:
+    """Whether the patch ``name`` takes its own path now: always without alternation or when it does not
+    alternate, else in the even windows."""
+    return period_s() <= 0 or not alternates(name) or patched_in(window(now))

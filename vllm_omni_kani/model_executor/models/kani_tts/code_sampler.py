@@ -20,9 +20,9 @@ from vllm.v1.sample.ops.topk_topp_sampler import (
 
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
     fused_kernel_available,
-    hashed_exponentials,
     noise_table,
     scatter_hashed_exponentials,
+    write_seeded_rows,
 )
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
@@ -72,13 +72,7 @@ def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator
     if len(generators) != rows:
         q.exponential_()
     if generators:
-        table = noise_table(list(generators), list(generators.values()))
-        table = (table.pin_memory() if probs.is_cuda else table).to(probs.device, non_blocking=True)
-        flat = q.view(rows, heads * size)
-        if q.dtype == torch.float32 and fused_kernel_available(probs.device):
-            scatter_hashed_exponentials(flat, table)
-        else:
-            flat.index_copy_(0, table[:, 0], hashed_exponentials(table[:, 1:], heads * size).to(q.dtype))
+        write_seeded_rows(q.view(rows, heads * size), generators)
     return sample_with_exponential_noise(probs.view(-1, size), q.view(-1, size)).view(rows, heads)
 
 

@@ -36,6 +36,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
+from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
@@ -64,9 +65,10 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES, on by default): the penalties'
-        # output-token counts kept on the device.
-        patch.apply_stage0_sampling()
+        # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES): the penalties' output-token counts kept
+        # on the device (on by default), seeded codebook-1 noise hashed for the whole batch (when named).
+        if patch.hash_seeded_codebook1_noise.__name__ in patch.apply_stage0_sampling():
+            codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
         # (docs/BENCHMARKS.md, "Stage-0 host work").

@@ -30,6 +30,7 @@ from vllm_omni_kani import sampler_ab
 from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import PinnedStaging
 
 # Counted tokens at the end of a list checked again every step: vLLM writes placeholders and trims there.
+NAME = "penalty_counts"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_SAMPLER_AB_PATCHES
 REWRITABLE_TAIL = 8
 PLACEHOLDER = -1
 _MIN_ROWS = 64
@@ -150,7 +151,7 @@ def with_counted_penalties(original: ApplyPenalties) -> ApplyPenalties:
     stores: dict[tuple[int, torch.device], OutputTokenCounts] = {}
 
     def apply_penalties(logits: torch.Tensor, sampling_metadata: Any, output_token_ids: list[list[int]]) -> Any:
-        if sampling_metadata.no_penalties or not sampler_ab.patched_now():
+        if sampling_metadata.no_penalties or not sampler_ab.patched_now(NAME):
             return original(logits, sampling_metadata, output_token_ids)
         key = (logits.shape[1], logits.device)
         store = stores.get(key) or stores.setdefault(key, OutputTokenCounts(*key))

@@ -1,6 +1,7 @@
 """Exp(1) noise for seeded requests: a counter-based hash of each request's seed and generator position.
 
-Used for the code heads; a ``salt`` keys one use apart from any other hash of the same seed and position.
+Used for the code heads and, with ``codebook1_noise``, for codebook 1; a ``salt`` keys one use apart from any other
+hash of the same seed and position.
 
 The same seed at the same position gives the same noise row in any batch, and a new position gives fresh noise, so
 a seeded request's codes do not depend on which other requests share its step. The hash is integer arithmetic: every
@@ -32,6 +33,7 @@ except ImportError:  # pragma: no cover - every supported install has Triton
 # the same bits); only the low 32 bits of each product are kept.
 MASK32 = 0xFFFFFFFF
 SALT = 0x6B43A9B5  # the code heads' noise: keys it apart from any other hash of the same seed and position
+CODEBOOK1_SALT = 0x2C1B3C6D  # codebook 1's noise (vLLM's sampler, ``codebook1_noise``)
 _MUL1, _MUL2 = 0x7FEB352D, 0x846CA68B  # C. Wellons' "lowbias32" multipliers
 # Uniforms are (top 23 bits + 0.5) / 2**23: b + 0.5 needs 24 significant bits, exactly what a float32 holds, so every
 # uniform is exact and the largest, 1 - 2**-24, stays below 1. With 24 bits the top value's + 0.5 rounded to 2**24:
@@ -119,6 +121,22 @@ def seeded_exponentials(generators: list[torch.Generator], width: int, device: t
     if device.type == "cuda":
         keys = keys.pin_memory()
     return hashed_exponentials(keys.to(device, non_blocking=True), width)
+
+
+def write_seeded_rows(
+    noise: torch.Tensor,
+    generators: dict[int, torch.Generator],
+    salt: int = SALT,
+    positions: list[int] | None = None,
+) -> None:
+    """Overwrite the seeded rows of ``[R, width]`` noise with their hash (row ``i`` of ``generators`` maps batch
+    rows to generators): one host table, one copy, then one kernel where it can run, else the torch ops."""
+    table = noise_table(list(generators), list(generators.values()), positions)
+    table = (table.pin_memory() if noise.is_cuda else table).to(noise.device, non_blocking=True)
+    if noise.dtype == torch.float32 and noise.is_contiguous() and fused_kernel_available(noise.device):
+        scatter_hashed_exponentials(noise, table, salt=salt)
+    else:
+        noise.index_copy_(0, table[:, 0], hashed_exponentials(table[:, 1:], noise.shape[1], salt=salt).to(noise.dtype))
 
 
 def fused_kernel_available(device: torch.device) -> bool:
