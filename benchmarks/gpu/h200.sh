@@ -53,6 +53,9 @@
 #            with the patches alternating (benchmarks/ab_windows.py on the server log: the served step per side);
 #            servedsampler: `served` with KANI_STAGE0_SAMPLER_PATCHES=$SAMPLER (default 0: vLLM's own sampler path),
 #            audio vs frames
+#   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, opt-in) A/B'd alone in 2-s windows on top of
+#            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
+#            audio vs frames
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -307,6 +310,23 @@ for phase in "$@"; do
       python3 benchmarks/ab_windows.py "$R/serve-shipped-ab.log" --batches 64,256 --min-share 0.7 \
         --json "$R/ab-served.json" | tee "$R/ab-served.md"
       pack abserved ;;
+    abcodebook1)
+      # The seeded codebook-1 noise (codebook1_noise) alternating with vLLM's per-generator draws in 2-s windows, on
+      # top of the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, then served (AB_SWEEPS, default 64 and
+      # 256 streams of 250 frames), the served step per side, and every request's audio against its frames (the
+      # patch once lost frames to noise of exactly 0).
+      checkpoints
+      step codebook1-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py
+      export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PATCHES=codebook1_noise
+      export KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
+      serve_sweeps 0 codebook1-ab "$CK/par" stage_configs/kani_tts.yaml 450 ${AB_SWEEPS:-250:64,256}
+      unset KANI_STAGE0_SAMPLER_PATCHES KANI_SAMPLER_AB_PATCHES KANI_SAMPLER_AB_PERIOD_S
+      cleanup
+      frames_check codebook1-ab
+      python3 benchmarks/ab_windows.py "$R/serve-codebook1-ab.log" --batches 64,256 --min-share 0.7 \
+        --json "$R/ab-codebook1.json" | tee "$R/ab-codebook1.md"
+      step_rates
+      pack abcodebook1 ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints
