@@ -350,8 +350,8 @@ def test_end2end_example_runs_offline(tiny_parallel, tmp_path):
 
 
 # The flattened server also runs with the step meter, the API loop-lag meter (and its stall sampler), a GIL switch
-# interval and all the Stage-0 sampler patches alternating with vLLM's path in 0.2-s windows (the penalty counts are on
-# by default, the rest off), so they are checked in a real server without starting another one.
+# interval and the Stage-0 sampler patches alternating with vLLM's path in 0.2-s windows (the patches are on by
+# default, the rest off), so they are checked in a real server without starting another one.
 OPTIONS_ENV = {
     "KANI_STEP_STATS_S": "0.1",
     "KANI_LOOP_LAG_S": "0.2",
@@ -385,7 +385,7 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
     # Every process of the server (API server, both engine cores) set the interval.
     assert log.count("GIL switch interval 1.000 ms") >= 3, log[-3000:]
     # The penalty-count patch served these requests (Kani's default sampling has a repetition penalty); the
-    # codebook-1 noise patch, which KANI_STAGE0_SAMPLER_PATCHES=1 adds, is installed too.
+    # codebook-1 noise patch is installed too.
     assert "penalties: output-token counts kept on the device" in log, log[-3000:]
     assert "seeded codebook-1 noise: hashed for the whole batch" in log, log[-3000:]
     steps = re.findall(r"kani stage0 steps: [\d.]+ steps/s, ([\d.]+) ms per step, \d+ rows/s, mean batch ([\d.]+)", log)

@@ -77,7 +77,8 @@ def test_greedy_frames_equal_hf_reference(parallel_omni, tiny_parallel):
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(parallel_omni):
-    """Every request owns a generator seeded from its params: same seed, same frames, whoever shares the batch."""
+    """Every request owns a generator seeded from its params: same seed, same frames, whoever shares the batch (the
+    codebook-1 and code-head noise both hashed from seed and step, the defaults)."""
     seeded = _params(temperature=0.9, top_k=200, top_p=0.95, seed=1234)
     alone_1 = _frames(_run(parallel_omni, PROMPTS[:1], seeded)[0])
     alone_2 = _frames(_run(parallel_omni, PROMPTS[:1], seeded)[0])
@@ -112,29 +113,30 @@ def test_penalties_from_device_counts_give_the_same_frames(parallel_omni, tiny_p
         np.testing.assert_array_equal(g, w, err_msg=f"prompt of {len(prompt)} tokens")
 
 
-def test_hashed_codebook1_noise_keeps_seeded_requests_batch_independent(
+def test_codebook1_noise_is_hashed_by_default_and_vllms_draws_stay_batch_independent(
     parallel_omni, tiny_parallel, monkeypatch, capfd
 ):
-    """``KANI_STAGE0_SAMPLER_PATCHES=1`` adds ``codebook1_noise``: seeded requests' codebook-1 noise is hashed from
-    seed and step for the whole batch. A request's frames are the same alone and batched, and differ from those of
-    vLLM's per-generator draws (the default engine) for the same seed."""
+    """By default seeded requests' codebook-1 noise is hashed from seed and step for the whole batch
+    (``codebook1_noise``); with ``KANI_STAGE0_SAMPLER_PATCHES=penalty_counts`` vLLM draws it from each request's
+    generator. Both keep a request's frames the same alone and batched; their frames differ for the same seed."""
     seeded = _params(temperature=0.9, top_k=200, top_p=0.95, seed=1234)
-    drawn = [_frames(o) for o in _run(parallel_omni, PROMPTS, seeded)]
-    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "1")
+    hashed = [_frames(o) for o in _run(parallel_omni, PROMPTS, seeded)]
+    monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "penalty_counts")
     capfd.readouterr()
     omni = _omni(tiny_parallel)
     try:
-        batched = [_frames(o) for o in _run(omni, PROMPTS, seeded)]
+        drawn = [_frames(o) for o in _run(omni, PROMPTS, seeded)]
         alone_first = _frames(_run(omni, PROMPTS[:1], seeded)[0])
         alone_last = _frames(_run(omni, PROMPTS[-1:], seeded)[0])
     finally:
         omni.close()
     captured = capfd.readouterr()
-    assert "seeded codebook-1 noise: hashed for the whole batch" in captured.out + captured.err
-    np.testing.assert_array_equal(alone_first, batched[0])
-    np.testing.assert_array_equal(alone_last, batched[-1])
-    assert all(len(np.unique(f[:, 0])) > 8 for f in batched)  # codebook 1 really sampled
-    assert not any(np.array_equal(h, d) for h, d in zip(batched, drawn, strict=True))
+    assert "penalties: output-token counts kept on the device" in captured.out + captured.err
+    assert "seeded codebook-1 noise" not in captured.out + captured.err
+    np.testing.assert_array_equal(alone_first, drawn[0])
+    np.testing.assert_array_equal(alone_last, drawn[-1])
+    assert all(len(np.unique(f[:, 0])) > 8 for f in hashed + drawn)  # codebook 1 really sampled
+    assert not any(np.array_equal(h, d) for h, d in zip(hashed, drawn, strict=True))
 
 
 def test_flattened_tokens_group_into_frames(tiny_flattened):

@@ -125,7 +125,7 @@ def test_only_the_named_patches_alternate(monkeypatch):
 @pytest.mark.parametrize(
     ("value", "names"),
     [
-        ("", {"penalty_counts"}),
+        ("", {"penalty_counts", "codebook1_noise"}),
         ("1", {"penalty_counts", "codebook1_noise"}),
         ("0", set()),
         ("off", set()),

@@ -92,11 +92,10 @@ def loop_stall_threshold_s() -> float:
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
 # The patches a Kani Stage-0 process can take (``patch.apply_stage0_sampling``): the penalties' output-token counts
-# kept on the device, and seeded requests' codebook-1 noise hashed for the whole batch.
+# kept on the device, and seeded requests' codebook-1 noise hashed for the whole batch. On by default: in-engine A/Bs
+# on an H200 found each faster at 256 streams with every request's audio whole (docs/BENCHMARKS.md, "Twelfth set" and
+# "Eighteenth set").
 SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise")
-# Those taken when the variable is unset: an A/B on an H200 found the counts faster and every request's audio whole
-# (docs/BENCHMARKS.md, "Twelfth set"); the codebook-1 noise has not been timed since its fix.
-DEFAULT_SAMPLER_PATCHES = ("penalty_counts",)
 _FALSY = ("0", "false", "off", "no")
 
 
@@ -113,15 +112,13 @@ def _patch_names(name: str, raw: str) -> frozenset[str]:
 
 
 def stage0_sampler_patches() -> frozenset[str]:
-    """The sampler patches a Kani Stage-0 process takes: ``DEFAULT_SAMPLER_PATCHES`` when
-    ``KANI_STAGE0_SAMPLER_PATCHES`` is unset, all of ``SAMPLER_PATCH_NAMES`` when it is on (1), none when it is off
-    (0), else the comma-separated names it lists.
+    """The sampler patches a Kani Stage-0 process takes: all of ``SAMPLER_PATCH_NAMES`` when
+    ``KANI_STAGE0_SAMPLER_PATCHES`` is unset or on (1), none when it is off (0), else the comma-separated names it
+    lists.
 
     Raises ValueError naming the valid names for a name that is not one."""
     raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
-    if not raw:
-        return frozenset(DEFAULT_SAMPLER_PATCHES)
-    if raw in TRUTHY:
+    if not raw or raw in TRUTHY:
         return frozenset(SAMPLER_PATCH_NAMES)
     if raw in _FALSY:
         return frozenset()

@@ -618,8 +618,9 @@ def hash_seeded_codebook1_noise() -> bool | None:
 
     ``topk_topp_sampler.random_sample`` draws each seeded row's noise from its generator in a Python loop, one
     launch per request per step; ``codebook1_noise`` hashes (seed, generator position) instead, as the code heads
-    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model when
-    ``KANI_STAGE0_SAMPLER_PATCHES`` names it; other calls (unseeded, float64 noise) go to vLLM's function.
+    do, and moves each generator on by one draw. Installed by the Kani Stage-0 model unless
+    ``KANI_STAGE0_SAMPLER_PATCHES`` leaves it out (on by default); other calls (unseeded, float64 noise) go to vLLM's
+    function.
 
     Returns whether the patch is active.
     """

@@ -8,9 +8,10 @@ generator is then moved on by one draw, so vLLM's rewind of a discarded step (``
 ``patch.restore_discarded_generators_on_cpu`` on CPU) and the code heads' positions stay right.
 
 A seeded request's codebook-1 tokens are then a function of its seed and step alone, as its code heads' already are;
-they are not the tokens stock vLLM draws for that seed. Unseeded rows keep vLLM's one batch draw. Taken only when
-``KANI_STAGE0_SAMPLER_PATCHES`` names it (``patch.apply_stage0_sampling``): it was removed once for lost frames,
-whose cause (noise of exactly 0) is fixed in ``seeded_noise``, and has not been timed since.
+they are not the tokens stock vLLM draws for that seed. Unseeded rows keep vLLM's one batch draw. Installed by a Kani
+Stage-0 process (``patch.apply_stage0_sampling``) unless ``KANI_STAGE0_SAMPLER_PATCHES`` leaves it out: served at 256
+streams on an H200 the step took 0.92× as long with it (paired 2-s windows of one engine), and every request's audio
+was whole (its first version lost frames to noise of exactly 0, fixed in ``seeded_noise``).
 """
 
 from __future__ import annotations

@@ -65,8 +65,8 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES): the penalties' output-token counts kept
-        # on the device (on by default), seeded codebook-1 noise hashed for the whole batch (when named).
+        # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES, on by default): the penalties'
+        # output-token counts kept on the device, seeded codebook-1 noise hashed for the whole batch.
         if patch.hash_seeded_codebook1_noise.__name__ in patch.apply_stage0_sampling():
             codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
