@@ -53,7 +53,7 @@
 #            with the patches alternating (benchmarks/ab_windows.py on the server log: the served step per side);
 #            servedsampler: `served` with KANI_STAGE0_SAMPLER_PATCHES=$SAMPLER (default 0: vLLM's own sampler path),
 #            audio vs frames
-#   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, opt-in) A/B'd alone in 2-s windows on top of
+#   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, on by default) A/B'd alone in 2-s windows on top of
 #            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
 #            audio vs frames
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
