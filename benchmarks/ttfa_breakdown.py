@@ -11,7 +11,9 @@ finishing order, are the JSON's levels in order (their ``requests`` counts). p50
 
 A sweep run with ``bench --trace`` against a server on the same host also has, per request, the client's send and
 first-byte times (JSON) and the server's ``[KaniTTFA]`` points (log), all on one monotonic clock. Joined by request
-id they split each request's TTFA into consecutive segments (``SEGMENTS``) that add up to it exactly.
+id they split each request's TTFA into consecutive segments (``SEGMENTS``) that add up to it exactly; where the
+server noted the orchestrator's handoff (``output_handoff``), the engines' segment splits into the orchestrator's, the
+queue's and the API loop's parts.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ SEGMENTS = (
     ("writing -> admitted (the server: accept, HTTP parsing, event loop)", "writing", "arrived"),
     ("admitted -> speech handler (body, validation)", "arrived", "handler"),
     ("handler -> engine request submitted (prompt, add_request)", "handler", "submitted"),
-    ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio"),
+    (
+        "submitted -> first audio put on the orchestrator's queue (both stages, the orchestrator)",
+        "submitted",
+        "orchestrated",
+    ),
+    ("orchestrated -> taken off the queue by the API loop (its poll)", "orchestrated", "dequeued"),
+    ("dequeued -> first audio at the speech handler (request queue, generators)", "dequeued", "first_audio"),
     ("first audio -> first bytes to the server (encoding)", "first_audio", "first_body"),
     ("first bytes -> client's first byte (transport, client loop)", "first_body", "first_byte"),
 )
@@ -66,16 +74,24 @@ def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
 
 # Traces of clients that did not note when they started writing the request (older results): one segment instead.
 UNSPLIT = ("client send -> admitted (client, connect, HTTP parsing, event loop)", "sent", "arrived")
+# Servers that did not note the orchestrator's handoff (older results): one segment from submission to first audio.
+ENGINE_UNSPLIT = ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio")
+_HANDOFF = slice(4, 7)  # SEGMENTS' three from submission to first audio
 
 
 def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[dict[str, list[float]], int]:
     """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are
     (segments no trace had are left out)."""
-    out: dict[str, list[float]] = {name: [] for name, _, _ in (UNSPLIT, *SEGMENTS)}
+    order = (UNSPLIT, *SEGMENTS[: _HANDOFF.start], ENGINE_UNSPLIT, *SEGMENTS[_HANDOFF.start :])
+    out: dict[str, list[float]] = {name: [] for name, _, _ in order}
     joined = 0
     for trace in traces:
         stamps = {**points.get(trace["id"], {}), **{k: trace.get(k) for k in ("sent", "writing", "first_byte")}}
-        chain = SEGMENTS if stamps["writing"] is not None else (UNSPLIT, *SEGMENTS[2:])
+        chain = list(SEGMENTS)
+        if stamps.get("orchestrated") is None or stamps.get("dequeued") is None:
+            chain[_HANDOFF] = [ENGINE_UNSPLIT]
+        if stamps["writing"] is None:
+            chain[:2] = [UNSPLIT]
         if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):
             continue
         joined += 1

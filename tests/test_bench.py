@@ -97,7 +97,13 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert joined == 3
     # The client notes when it starts writing each request to its socket, which splits the way in at its edge.
     assert all(t["sent"] <= t["writing"] <= points[t["id"]]["arrived"] for t in level["trace"])
+    # The orchestrator's handoff of the first audio is noted (output_handoff) and lies between submission and the
+    # handler seeing it.
     assert list(split) == [name for name, _, _ in ttfa_breakdown.SEGMENTS]
+    assert all(
+        points[t["id"]]["submitted"] <= points[t["id"]]["orchestrated"] <= points[t["id"]]["dequeued"]
+        for t in level["trace"]
+    )
     assert 0 < level["client_cpu_share"] < 1.5
     log_resolution_ms = 1e-3  # the log prints microseconds
     for name, values in split.items():
@@ -110,5 +116,16 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert joined == 3 and list(unsplit) == [
         name for name, _, _ in (ttfa_breakdown.UNSPLIT, *ttfa_breakdown.SEGMENTS[2:])
     ]
+    # Results of a server that did not note the handoff: one segment from submission to first audio.
+    without = {rid: {k: v for k, v in p.items() if k not in ("orchestrated", "dequeued")} for rid, p in points.items()}
+    engine, joined = ttfa_breakdown.segments(level["trace"], without)
+    handoff = ttfa_breakdown.SEGMENTS[ttfa_breakdown._HANDOFF]
+    assert joined == 3 and list(engine) == [
+        name
+        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.ENGINE_UNSPLIT, *ttfa_breakdown.SEGMENTS[7:])
+    ]
+    assert engine[ttfa_breakdown.ENGINE_UNSPLIT[0]] == pytest.approx(
+        [sum(split[name][i] for name, _, _ in handoff) for i in range(3)], abs=4 * log_resolution_ms
+    )
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

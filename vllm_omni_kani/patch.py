@@ -354,6 +354,43 @@ def install_speech_guard() -> bool | None:
     serving_speech.random_uuid = speech_uuid
 
 
+@_patch(_api_server_loaded)
+def trace_output_handoff() -> bool | None:
+    """vllm-omni 0.26.0: note when a traced request's outputs cross from the orchestrator thread to the API loop.
+
+    The orchestrator puts each output message on a janus queue that the API server's loop polls
+    (``AsyncOmniEngine.try_get_output_async``); neither end has a hook. The queue handed to the orchestrator is
+    wrapped so each put is noted, and the poll so each take is; ``output_handoff`` keeps both only for requests traced
+    with ``X-Kani-Trace`` (one dict lookup per message otherwise).
+
+    Only in the API server process, where the orchestrator runs as a thread. Returns whether the patch is active.
+    """
+    from vllm_omni.engine.async_omni_engine import AsyncOmniEngine
+    from vllm_omni.engine.orchestrator import Orchestrator
+
+    from vllm_omni_kani.entrypoints import output_handoff
+
+    init, take = Orchestrator.__init__, AsyncOmniEngine.try_get_output_async
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if "output_async_queue" not in kwargs:
+            logger.warning("output handoff not traced: the orchestrator's output queue was not passed by name")
+        else:
+            kwargs["output_async_queue"] = output_handoff.NotingQueue(kwargs["output_async_queue"])
+        init(self, *args, **kwargs)
+
+    @functools.wraps(take)
+    async def try_get_output_async(self: Any) -> Any:
+        message = await take(self)
+        if message is not None:
+            output_handoff.note_taken(message)
+        return message
+
+    Orchestrator.__init__ = __init__
+    AsyncOmniEngine.try_get_output_async = try_get_output_async
+
+
 @_patch(_vllm_omni_0_26)
 def unlink_shm_chunks_of_aborted_requests() -> bool | None:
     """vllm-omni 0.26.0 (guard: 0.26.x): remove the shared-memory chunks an aborted request's next stage never read.
@@ -676,6 +713,7 @@ def apply_all() -> list[str]:
             omni_request_output_ec_transfer_params,
             route_speech_to_kani_adapter,
             install_speech_guard,
+            trace_output_handoff,
             encode_pcm_with_numpy,
             log_request_summaries_off_the_event_loop,
             unlink_shm_chunks_of_aborted_requests,

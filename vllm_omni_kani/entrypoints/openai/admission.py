@@ -83,10 +83,11 @@ class ActiveSpeech:
     # audio (``speech_guard.TRACE_POINTS``), logged at release; None when not traced.
     trace: dict[str, float] | None = None
 
-    def stamp(self, point: str) -> None:
-        """Note the first time the request reaches ``point`` (a no-op unless it is traced)."""
+    def stamp(self, point: str, at: float | None = None) -> None:
+        """Note the first time the request reaches ``point``, now or ``at`` (perf_counter seconds); a no-op unless
+        it is traced."""
         if self.trace is not None and point not in self.trace:
-            self.trace[point] = time.perf_counter()
+            self.trace[point] = time.perf_counter() if at is None else at
 
     async def close_outputs(self) -> None:
         """Close the request's audio generators, which aborts their engine requests in every stage.

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from vllm_omni_kani.entrypoints import output_handoff
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
 from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
@@ -102,6 +103,8 @@ async def prepare_kani_speech(
     )
     if entry is not None:
         entry.stamp("submitted")
+        if entry.trace is not None:
+            output_handoff.watch(first_id)  # before the generator's first step submits the engine request
     if len(segments) > 1:
         logger.info("speech request %s: %d characters in %d segments", first_id, len(request.input), len(segments))
 
@@ -125,7 +128,12 @@ async def prepare_kani_speech(
                         continue
                     fresh = audio_state.new_samples(payload[key], streaming)
                     if timing.audio(fresh.numel()) and entry is not None:
+                        handoff = output_handoff.crossing(first_id, getattr(res, "request_output", None))
+                        if handoff is not None:
+                            entry.stamp("orchestrated", handoff[0])
+                            entry.stamp("dequeued", handoff[1])
                         entry.stamp("first_audio")
+                        output_handoff.release(first_id)
                     if streaming:
                         _set(payload, key, resampler.push(fresh))
                         _set(payload, "sr", torch.tensor(out_rate))
@@ -135,6 +143,8 @@ async def prepare_kani_speech(
             finally:
                 # A client that goes away closes this generator: close the engine's too, which aborts it.
                 await gen.aclose()
+                if index == 0:
+                    output_handoff.release(first_id)
         timing.finish()
         if last is None:
             return
