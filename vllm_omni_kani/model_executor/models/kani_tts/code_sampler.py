@@ -18,12 +18,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import (
     sample_with_exponential_noise,
 )
 
-from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
-    fused_kernel_available,
-    noise_table,
-    scatter_hashed_exponentials,
-    write_seeded_rows,
-)
+from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available, write_seeded_rows
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_EPS = 1e-5
@@ -94,5 +89,6 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
         for k, p in ((None, top_p), (top_k, None), (top_k, top_p)):
             apply_top_k_top_p(logits.clone(), k, p)
     if fused_kernel_available(device):
-        table = noise_table([0], [torch.Generator(device=device).manual_seed(0)])
-        scatter_hashed_exponentials(torch.empty(1, heads * size, device=device), table.to(device))
+        write_seeded_rows(
+            torch.empty(1, heads * size, device=device), {0: torch.Generator(device=device).manual_seed(0)}
+        )
