@@ -32,6 +32,9 @@ STAGE0_ARCH = {"parallel": PARALLEL_ARCH, "flattened": FLATTENED_STAGE_ARCH}
 CODEC_ARCH = "KaniNanoCodecForGeneration"
 # Stage 1's steps are bounded in codec frames, first chunks first (codec_step_max_frames).
 CODEC_SCHEDULER = "vllm_omni_kani.core.sched.codec_scheduler.KaniCodecScheduler"
+# Stage 0 feeding the codec sends each stream's outputs every few steps (kani_output_every_steps); alone (final) it
+# keeps vLLM-Omni's scheduler, whose every step reaches the client.
+STAGE0_SCHEDULER = "vllm_omni_kani.core.sched.stage0_scheduler.KaniStage0Scheduler"
 
 _PROC = "vllm_omni_kani.model_executor.stage_input_processors.kani_tts"
 _LM_CONSTRAINTS = {"detokenize": False, "stop_token_ids": [tl.END_OF_SPEECH]}
@@ -58,6 +61,7 @@ def _lm_stage(variant: str, *, final: bool) -> StagePipelineConfig:
         engine_output_type="latent" if not final else "audio",
         model_arch=STAGE0_ARCH[variant],
         async_chunk_process_next_stage_input_func=None if final else f"{_PROC}.{variant}_async_chunk",
+        scheduler_cls=None if final else STAGE0_SCHEDULER,
         sampling_constraints=dict(_LM_CONSTRAINTS),
     )
 
