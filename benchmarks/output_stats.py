@@ -47,8 +47,9 @@ def use(methods: dict[str, Any]) -> None:
         setattr(MultimodalOutputProcessor, name, method)
 
 
-def run(requests: int, steps: int) -> tuple[float, dict[str, dict[str, Any]]]:
-    """Seconds per output over ``requests`` × ``steps`` outputs, and the stats record of every request."""
+def served_processor(requests: int, steps: int) -> tuple[MultimodalOutputProcessor, list[str]]:
+    """A real processor holding ``requests`` Stage-0 requests of ``steps`` tokens, as the API server's orchestrator
+    holds them under async_chunk (``FINAL_ONLY``, stats on), and their engine request ids."""
     processor = MultimodalOutputProcessor(tokenizer=None, log_stats=True)
     ids = [f"speech-{i}-0123abcd" for i in range(requests)]
     # As the Kani adapter sends Stage 0's requests with async_chunk: only the final output is built.
@@ -67,6 +68,12 @@ def run(requests: int, steps: int) -> tuple[float, dict[str, dict[str, Any]]]:
             external_req_id=f"speech-{i}",
         )
         processor.add_request(request, prompt=None)
+    return processor, ids
+
+
+def run(requests: int, steps: int) -> tuple[float, dict[str, dict[str, Any]]]:
+    """Seconds per output over ``requests`` × ``steps`` outputs, and the stats record of every request."""
+    processor, ids = served_processor(requests, steps)
     records = {}
     elapsed = 0.0
     for step in range(steps):

@@ -21,6 +21,9 @@
 #           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
 #   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
+#   coalesce  Stage 0's outputs every kani_output_every_steps steps (shipped, GPU 0) against every step (GPU 1), at
+#           once: 250-frame requests at 64 and 256 streams, audio vs frames for both; with dp after it, the one-GPU
+#           reference of the same code
 #   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
 #           times the step at every batch size, stock vs ours, sampled (stage0_steps); last on GPU 0, the host cost
@@ -87,6 +90,18 @@ for phase in "$@"; do
       frames_check async-sched
       frames_check shipped-1gpu
       pack asyncsched ;;
+    coalesce)
+      # Stage 0's outputs sent every kani_output_every_steps steps (the shipped default, GPU 0) against every step
+      # (GPU 1), at once on one host: 250-frame requests at 64 and 256 streams, audio vs frames for both.
+      checkpoints
+      variant kani_tts_every_step stages.0.additional_config.kani_output_every_steps=1
+      serve_sweeps 0 coalesced "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
+      serve_sweeps 1 every-step "$CK/par" stage_configs/kani_tts_every_step.yaml 450 250:64,256 &
+      wait; cleanup
+      frames_check coalesced
+      frames_check every-step
+      step_rates
+      pack coalesce ;;
     codecreplicas|dp|replicas)
       checkpoints
       if [ "$phase" != dp ]; then
