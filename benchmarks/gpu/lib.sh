@@ -29,6 +29,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 export TRITON_CACHE_DIR=/tmp/jit-triton
 if [ -f .devjit/jit-cache.tgz ] && [ ! -e /tmp/jit-restored ]; then
   tar -C /tmp -xzf .devjit/jit-cache.tgz && touch /tmp/jit-restored && echo "JIT caches restored"
+  # A cache made on one GPU serves the others of the same kind (a server per GPU: VLLM_CACHE_ROOT=/tmp/vcN).
+  for n in 1 2 3; do [ -d /tmp/vc0 ] && [ ! -e /tmp/vc$n ] && cp -r /tmp/vc0 /tmp/vc$n; done
 fi
 R=/tmp/kani-results
 CK=/tmp/ck
