@@ -178,7 +178,13 @@ def main() -> None:
         if not loaded_throughout:
             print("warning: the load ended inside the measured window; its shares include idle time", flush=True)
         for spy in spies:
-            spy.wait(timeout=args.seconds + 60)
+            # py-spy writes its file after its last sample; with a dozen spies on two GPUs' engines that took more
+            # than a minute (nineteenth set). A spy that never finishes is stopped, not the whole profile.
+            try:
+                spy.wait(timeout=args.seconds + 240)
+            except subprocess.TimeoutExpired:
+                print(f"warning: {spy.args[-1]} did not finish; stopped", flush=True)
+                spy.kill()
         load.join()
     rows = []
     for key, (comm, seconds) in after.items():
