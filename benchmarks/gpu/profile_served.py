@@ -90,6 +90,22 @@ def top_stacks(raw: Path, count: int = 40) -> dict[str, object]:
     return {"samples": total, "inclusive": inclusive.most_common(count)}
 
 
+def thread_shares(raw: Path, count: int = 12) -> list[tuple[str, int]]:
+    """Samples per thread of a py-spy ``raw`` file recorded with ``--threads`` (each stack's root is
+    ``thread (TID): NAME``, or ``thread (TID)`` before the thread has a name): which thread of a process holds its
+    GIL, or where each one waits. Threads come as ``NAME (TID)``, most samples first."""
+    samples: collections.Counter = collections.Counter()
+    names: dict[str, str] = {}
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        match = re.match(r"thread \((\d+)\)(?:: ([^;]*))?", stack)
+        if match and n.isdigit():
+            samples[match[1]] += int(n)
+            if match[2]:
+                names[match[1]] = match[2]
+    return [(f"{names.get(tid, '?')} ({tid})", n) for tid, n in samples.most_common(count)]
+
+
 def load_waves(args: argparse.Namespace) -> int:
     """Waves of ``streams`` requests that keep the server loaded past the measured window even at ``stream_fps``
     frames/s per stream, plus one: three waves (the earlier default) ended ~10 s into a 20-s window at 256 streams
@@ -145,7 +161,10 @@ def main() -> None:
         busy = [pid for pid, name in names.items() if "VLLM::StageEngineCore" in name or pid == server.proc.pid]
         spies = []
         if py_spy:
-            common = ["record", "--nonblocking", "-r", str(args.rate), "-d", str(int(args.seconds)), "-f", "raw"]
+            # --threads: every stack's root names its thread (the API server's event loop and vLLM-Omni's
+            # orchestrator thread share one GIL; an engine core's step, output and connector threads another).
+            common = ["record", "--nonblocking", "--threads", "-r", str(args.rate), "-d", str(int(args.seconds))]
+            common += ["-f", "raw"]
             for pid in busy:
                 # All threads, and the GIL holder only: a process whose GIL is held ~100% of the time is the wall
                 # (the engine cores run their step, output and connector threads under one GIL).
@@ -153,11 +172,11 @@ def main() -> None:
                 spies.append(
                     subprocess.Popen([py_spy, *common, "--gil", "-p", str(pid), "-o", str(out / f"gil-{pid}.txt")])
                 )
-                if pid != server.proc.pid:
-                    # Idle samples too: a step loop that is off the CPU half the time waits somewhere (GPU, GIL,
-                    # a queue); these stacks say where.
-                    idle = [py_spy, *common, "--idle", "-p", str(pid), "-o", str(out / f"idle-{pid}.txt")]
-                    spies.append(subprocess.Popen(idle))
+                # Idle samples too: a step loop that is off the CPU half the time waits somewhere (GPU, GIL, a
+                # queue), and so does an orchestrator thread that holds the GIL 5% of the time yet hands an output
+                # on 40-150 ms after recording it (nineteenth set); these stacks say where.
+                idle = [py_spy, *common, "--idle", "-p", str(pid), "-o", str(out / f"idle-{pid}.txt")]
+                spies.append(subprocess.Popen(idle))
         smi = shutil.which("nvidia-smi")
         if smi:
             query = [smi, "--query-gpu=index,utilization.gpu,utilization.memory", "--format=csv,noheader,nounits"]
@@ -205,6 +224,9 @@ def main() -> None:
     for raw in sorted([*out.glob("spy-*.txt"), *out.glob("gil-*.txt"), *out.glob("idle-*.txt")]):
         stacks[raw.stem] = top_stacks(raw)
     result["stacks"] = stacks
+    result["threads"] = {
+        raw.stem: thread_shares(raw) for raw in sorted([*out.glob("gil-*.txt"), *out.glob("idle-*.txt")])
+    }
     # py-spy --gil keeps only samples where a thread held the GIL: their share of all sample slots, per process.
     result["gil_held"] = {
         names.get(pid, str(pid))[:60]: round(stacks[f"gil-{pid}"]["samples"] / (args.rate * int(args.seconds)), 3)
@@ -234,6 +256,8 @@ def main() -> None:
             print(f"{row['id']:>14} {row['comm']:<18} {100 * row['cpu']:5.0f}%  {row['process'][:60]}")
     for name, stack in stacks.items():
         print(name, "samples", stack["samples"], "top:", [f"{n} {f[:70]}" for f, n in stack["inclusive"][3:12]])
+    for name, threads in result["threads"].items():
+        print(name, "by thread:", [f"{thread[:60]} {n}" for thread, n in threads[:6]])
     for process, held in result["gil_held"].items():
         print(f"GIL held {100 * held:5.1f}%  {process}", flush=True)
     print(f"wrote {path}", flush=True)
