@@ -47,27 +47,54 @@ def use(methods: dict[str, Any]) -> None:
         setattr(MultimodalOutputProcessor, name, method)
 
 
+PROMPT = [tl.START_OF_HUMAN, *range(300, 330), tl.END_OF_TEXT, tl.END_OF_HUMAN]
+
+
+def add_stage0_request(
+    processor: MultimodalOutputProcessor,
+    request_id: str,
+    max_tokens: int,
+    kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+    external_id: str | None = None,
+) -> None:
+    """Register a Stage-0 request with a real processor as the orchestrator does (no detokenizing)."""
+    params = SamplingParams(max_tokens=max_tokens, detokenize=False, output_kind=kind)
+    request = EngineCoreRequest(
+        request_id=request_id,
+        prompt_token_ids=list(PROMPT),
+        mm_features=None,
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id=external_id or request_id,
+    )
+    processor.add_request(request, prompt=None)
+
+
+def step_outputs(ids: list[str], step: int, steps: int, output_cls: type = EngineCoreOutput) -> list[Any]:
+    """Step ``step`` of ``steps``: one audio token for each request, finished at the last step."""
+    last = step == steps - 1
+    return [
+        output_cls(
+            request_id=rid,
+            new_token_ids=[tl.AUDIO_TOKEN_OFFSET + (step * 7 + i) % tl.CODEBOOK_SIZE],
+            finish_reason=FinishReason.LENGTH if last else None,
+        )
+        for i, rid in enumerate(ids)
+    ]
+
+
 def served_processor(requests: int, steps: int) -> tuple[MultimodalOutputProcessor, list[str]]:
     """A real processor holding ``requests`` Stage-0 requests of ``steps`` tokens, as the API server's orchestrator
     holds them under async_chunk (``FINAL_ONLY``, stats on), and their engine request ids."""
     processor = MultimodalOutputProcessor(tokenizer=None, log_stats=True)
     ids = [f"speech-{i}-0123abcd" for i in range(requests)]
     # As the Kani adapter sends Stage 0's requests with async_chunk: only the final output is built.
-    params = SamplingParams(max_tokens=steps, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
     for i, rid in enumerate(ids):
-        request = EngineCoreRequest(
-            request_id=rid,
-            prompt_token_ids=[tl.START_OF_HUMAN, *range(300, 330), tl.END_OF_TEXT, tl.END_OF_HUMAN],
-            mm_features=None,
-            sampling_params=params,
-            pooling_params=None,
-            arrival_time=time.time(),
-            lora_request=None,
-            cache_salt=None,
-            data_parallel_rank=None,
-            external_req_id=f"speech-{i}",
-        )
-        processor.add_request(request, prompt=None)
+        add_stage0_request(processor, rid, steps, external_id=f"speech-{i}")
     return processor, ids
 
 
@@ -78,14 +105,7 @@ def run(requests: int, steps: int) -> tuple[float, dict[str, dict[str, Any]]]:
     elapsed = 0.0
     for step in range(steps):
         last = step == steps - 1
-        outputs = [
-            EngineCoreOutput(
-                request_id=rid,
-                new_token_ids=[tl.AUDIO_TOKEN_OFFSET + (step * 7 + i) % tl.CODEBOOK_SIZE],
-                finish_reason=FinishReason.LENGTH if last else None,
-            )
-            for i, rid in enumerate(ids)
-        ]
+        outputs = step_outputs(ids, step, steps)
         if last:  # the record is handed on and dropped when a request finishes: keep it for the comparison
             records = {
                 f"speech-{i}": _copy(processor._native_text_metric_record(f"speech-{i}")) for i in range(requests)

@@ -24,16 +24,14 @@ import statistics
 import time
 from pathlib import Path
 
-from output_stats import served_processor
+from output_stats import served_processor, step_outputs
 from vllm import envs
-from vllm.v1.engine import FinishReason
 from vllm.v1.metrics.stats import IterationStats
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
 from vllm_omni.engine import OmniEngineCoreOutput, OmniEngineCoreOutputs
 
 from vllm_omni_kani import patch
 from vllm_omni_kani.core.sched.stage0_scheduler import DEFAULT_OUTPUT_EVERY_STEPS, OutputCoalescer
-from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 
 
 def run(requests: int, steps: int, every: int) -> dict[str, float | int | bool]:
@@ -46,18 +44,8 @@ def run(requests: int, steps: int, every: int) -> dict[str, float | int | bool]:
     tokens: dict[str, int] = dict.fromkeys(ids, 0)
     finished = 0
     for step in range(steps):
-        last = step == steps - 1
         t0 = time.perf_counter()
-        batch = OmniEngineCoreOutputs(
-            outputs=[
-                OmniEngineCoreOutput(
-                    request_id=rid,
-                    new_token_ids=[tl.AUDIO_TOKEN_OFFSET + (step * 7 + i) % tl.CODEBOOK_SIZE],
-                    finish_reason=FinishReason.LENGTH if last else None,
-                )
-                for i, rid in enumerate(ids)
-            ]
-        )
+        batch = OmniEngineCoreOutputs(outputs=step_outputs(ids, step, steps, OmniEngineCoreOutput))
         outputs = coalescer.filter({0: batch})
         frames = [encoder.encode(eco) for eco in outputs.values()]
         t1 = time.perf_counter()

@@ -8,21 +8,19 @@ import random
 import re
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from vllm import SamplingParams
 from vllm.sampling_params import RequestOutputKind
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm_omni.engine import OmniEngineCoreOutput
 from vllm_omni.outputs.output_processor import MultimodalOutputProcessor
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, benchmark_script
 from vllm_omni_kani.benchmarks.variants import derive
 from vllm_omni_kani.core.sched.stage0_scheduler import (
     DEFAULT_OUTPUT_EVERY_STEPS,
@@ -36,7 +34,8 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 
 CODES = "codes.audio"
-PROMPT = [tl.START_OF_HUMAN, *range(300, 310), tl.END_OF_TEXT, tl.END_OF_HUMAN]
+output_stats = benchmark_script("output_stats")
+PROMPT = output_stats.PROMPT
 
 
 class Stream:
@@ -66,20 +65,7 @@ class Stream:
 def _processor(streams: list[Stream], kind: RequestOutputKind) -> MultimodalOutputProcessor:
     processor = MultimodalOutputProcessor(tokenizer=None, log_stats=True, engine_core_output_type="latent")
     for stream in streams:
-        params = SamplingParams(max_tokens=stream.steps, detokenize=False, output_kind=kind)
-        request = EngineCoreRequest(
-            request_id=stream.request_id,
-            prompt_token_ids=list(PROMPT),
-            mm_features=None,
-            sampling_params=params,
-            pooling_params=None,
-            arrival_time=time.time(),
-            lora_request=None,
-            cache_salt=None,
-            data_parallel_rank=None,
-            external_req_id=stream.request_id,
-        )
-        processor.add_request(request, prompt=None)
+        output_stats.add_stage0_request(processor, stream.request_id, stream.steps, kind)
     return processor
 
 
