@@ -111,14 +111,10 @@ class OutputCoalescer:
                 if held is None:  # its first output (or an aborted request's last)
                     if output.finish_reason is None:
                         held_by_id[output.request_id] = []
-                elif _may_wait(output):
-                    if len(held) + 1 < every:
+                else:
+                    if len(held) + 1 < every and _may_wait(output):
                         held.append(output)
                         continue
-                    if held:
-                        _merge(held, output)
-                        held.clear()
-                else:
                     if held:
                         _merge(held, output)
                         held.clear()
