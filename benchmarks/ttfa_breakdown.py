@@ -12,8 +12,9 @@ finishing order, are the JSON's levels in order (their ``requests`` counts). p50
 A sweep run with ``bench --trace`` against a server on the same host also has, per request, the client's send and
 first-byte times (JSON) and the server's ``[KaniTTFA]`` points (log), all on one monotonic clock. Joined by request
 id they split each request's TTFA into consecutive segments (``SEGMENTS``) that add up to it exactly; where the
-server noted the orchestrator's handoff (``output_handoff``), the engines' segment splits into the orchestrator's, the
-queue's and the API loop's parts.
+server noted the orchestrator's handoff (``output_handoff``), the engines' segment splits into the wait for the
+engine request to be queued (vLLM-Omni queues it at the output generator's first step, once the response streams),
+the engines' and orchestrator's part, the queue's and the API loop's.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ SEGMENTS = (
     ("client send -> writing the request (the client: connection, serialization, its event loop)", "sent", "writing"),
     ("writing -> admitted (the server: accept, HTTP parsing, event loop)", "writing", "arrived"),
     ("admitted -> speech handler (body, validation)", "arrived", "handler"),
-    ("handler -> engine request submitted (prompt, add_request)", "handler", "submitted"),
+    ("handler -> output generator made (prompt, vLLM-Omni's request preparation)", "handler", "submitted"),
     (
-        "submitted -> first audio put on the orchestrator's queue (both stages, the orchestrator)",
+        "submitted -> queued for the orchestrator (the response's start, the output generator's first step)",
         "submitted",
-        "orchestrated",
+        "queued",
     ),
+    ("queued -> first audio put on the orchestrator's queue (both stages, the orchestrator)", "queued", "orchestrated"),
     ("orchestrated -> taken off the queue by the API loop (its poll)", "orchestrated", "dequeued"),
     ("dequeued -> first audio at the speech handler (request queue, generators)", "dequeued", "first_audio"),
     ("first audio -> first bytes to the server (encoding)", "first_audio", "first_body"),
@@ -76,13 +78,20 @@ def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
 UNSPLIT = ("client send -> admitted (client, connect, HTTP parsing, event loop)", "sent", "arrived")
 # Servers that did not note the orchestrator's handoff (older results): one segment from submission to first audio.
 ENGINE_UNSPLIT = ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio")
-_HANDOFF = slice(4, 7)  # SEGMENTS' three from submission to first audio
+_HANDOFF = slice(4, 8)  # SEGMENTS' four from submission to first audio
+# Servers that noted the handoff but not when the engine request was queued (eighteenth and nineteenth sets).
+QUEUE_UNSPLIT = (
+    "submitted -> first audio put on the orchestrator's queue (both stages, the orchestrator)",
+    "submitted",
+    "orchestrated",
+)
+_QUEUE = slice(4, 6)  # SEGMENTS' two from submission to the orchestrator's put
 
 
 def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[dict[str, list[float]], int]:
     """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are
     (segments no trace had are left out)."""
-    order = (UNSPLIT, *SEGMENTS[: _HANDOFF.start], ENGINE_UNSPLIT, *SEGMENTS[_HANDOFF.start :])
+    order = (UNSPLIT, *SEGMENTS[: _HANDOFF.start], ENGINE_UNSPLIT, QUEUE_UNSPLIT, *SEGMENTS[_HANDOFF.start :])
     out: dict[str, list[float]] = {name: [] for name, _, _ in order}
     joined = 0
     for trace in traces:
@@ -90,6 +99,8 @@ def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[d
         chain = list(SEGMENTS)
         if stamps.get("orchestrated") is None or stamps.get("dequeued") is None:
             chain[_HANDOFF] = [ENGINE_UNSPLIT]
+        elif stamps.get("queued") is None:
+            chain[_QUEUE] = [QUEUE_UNSPLIT]
         if stamps["writing"] is None:
             chain[:2] = [UNSPLIT]
         if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):

@@ -101,7 +101,10 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     # handler seeing it.
     assert list(split) == [name for name, _, _ in ttfa_breakdown.SEGMENTS]
     assert all(
-        points[t["id"]]["submitted"] <= points[t["id"]]["orchestrated"] <= points[t["id"]]["dequeued"]
+        points[t["id"]]["submitted"]
+        <= points[t["id"]]["queued"]
+        <= points[t["id"]]["orchestrated"]
+        <= points[t["id"]]["dequeued"]
         for t in level["trace"]
     )
     assert 0 < level["client_cpu_share"] < 1.5
@@ -122,10 +125,17 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     handoff = ttfa_breakdown.SEGMENTS[ttfa_breakdown._HANDOFF]
     assert joined == 3 and list(engine) == [
         name
-        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.ENGINE_UNSPLIT, *ttfa_breakdown.SEGMENTS[7:])
+        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.ENGINE_UNSPLIT, *ttfa_breakdown.SEGMENTS[8:])
     ]
     assert engine[ttfa_breakdown.ENGINE_UNSPLIT[0]] == pytest.approx(
         [sum(split[name][i] for name, _, _ in handoff) for i in range(3)], abs=4 * log_resolution_ms
     )
+    # Results of a server that noted the handoff but not the engine request's queueing: one segment up to the put.
+    unqueued = {rid: {k: v for k, v in p.items() if k != "queued"} for rid, p in points.items()}
+    engine, joined = ttfa_breakdown.segments(level["trace"], unqueued)
+    assert joined == 3 and list(engine) == [
+        name
+        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.QUEUE_UNSPLIT, *ttfa_breakdown.SEGMENTS[6:])
+    ]
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

@@ -53,3 +53,16 @@ def test_requests_whose_streams_never_started_are_dropped_past_the_bound(monkeyp
     for i in range(5):
         output_handoff.release(f"speech-{i}")
     assert not output_handoff._watched
+
+
+def test_the_engine_requests_queueing_is_kept_once_for_watched_requests_only():
+    output_handoff.watch("speech-q")
+    assert output_handoff.queued_at("speech-q") is None
+    output_handoff.note_queued("speech-q-0123abcd")
+    first = output_handoff.queued_at("speech-q")
+    output_handoff.note_queued("speech-q-0123abcd")  # a later segment's or a retry's add_request keeps the first
+    assert first is not None and output_handoff.queued_at("speech-q") == first
+    output_handoff.note_queued("speech-z-0123abcd")  # never watched
+    assert output_handoff.queued_at("speech-z") is None
+    output_handoff.release("speech-q")
+    assert output_handoff.queued_at("speech-q") is None

@@ -360,8 +360,9 @@ def trace_output_handoff() -> bool | None:
 
     The orchestrator puts each output message on a janus queue that the API server's loop polls
     (``AsyncOmniEngine.try_get_output_async``); neither end has a hook. The queue handed to the orchestrator is
-    wrapped so each put is noted, and the poll so each take is; ``output_handoff`` keeps both only for requests traced
-    with ``X-Kani-Trace`` (one dict lookup per message otherwise).
+    wrapped so each put is noted, and the poll so each take is; ``AsyncOmniEngine.add_request`` so the moment a request
+    is queued for the orchestrator is. ``output_handoff`` keeps them only for requests traced with ``X-Kani-Trace``
+    (one dict lookup per message otherwise).
 
     Only in the API server process, where the orchestrator runs as a thread. Returns whether the patch is active.
     """
@@ -370,7 +371,7 @@ def trace_output_handoff() -> bool | None:
 
     from vllm_omni_kani.entrypoints import output_handoff
 
-    init, take = Orchestrator.__init__, AsyncOmniEngine.try_get_output_async
+    init, take, add = Orchestrator.__init__, AsyncOmniEngine.try_get_output_async, AsyncOmniEngine.add_request
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -387,8 +388,15 @@ def trace_output_handoff() -> bool | None:
             output_handoff.note_taken(message)
         return message
 
+    @functools.wraps(add)
+    def add_request(self: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        result = add(self, request_id, *args, **kwargs)
+        output_handoff.note_queued(request_id)
+        return result
+
     Orchestrator.__init__ = __init__
     AsyncOmniEngine.try_get_output_async = try_get_output_async
+    AsyncOmniEngine.add_request = add_request
 
 
 @_patch(_vllm_omni_0_26)

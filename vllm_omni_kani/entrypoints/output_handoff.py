@@ -9,6 +9,11 @@ it, ~170 ms at 256 (docs/BENCHMARKS.md, "Eighteenth set"). For a request traced 
 and by the message's engine output, until the handler has seen the first audio; ``[KaniTTFA]`` then places
 ``orchestrated`` and ``dequeued`` between ``submitted`` and ``first_audio`` (``benchmarks/ttfa_breakdown.py``).
 
+It also keeps when the engine request itself was queued for the orchestrator (``queued``): the speech handler has the
+request's output generator at ``submitted``, but vLLM-Omni queues the request only at the generator's first step, once
+the response has started streaming, on the same busy loop. vLLM-Omni's own ``serving_time_to_first_output_ms`` counts
+from there, so without this point its difference from ``orchestrated`` could not be split (nineteenth set).
+
 The orchestrator's messages name vLLM-Omni's internal request id, ``<external id>-<8 hex>``; requests are watched by
 the external id the speech server submitted. ``patch.trace_output_handoff`` installs the two hooks.
 """
@@ -33,6 +38,7 @@ class _Crossings:
 
     puts: deque[float] = field(default_factory=deque)
     taken: dict[int, tuple[float, float]] = field(default_factory=dict)
+    queued: float | None = None
 
 
 _watched: dict[str, _Crossings] = {}
@@ -57,11 +63,27 @@ def crossing(request_id: str, engine_output: Any) -> tuple[float, float] | None:
     return crossings.taken.get(id(engine_output)) if crossings is not None else None
 
 
-def _of(message: Any) -> _Crossings | None:
-    internal = getattr(message, "request_id", None)
+def queued_at(request_id: str) -> float | None:
+    """perf_counter seconds at which a watched request's engine request was queued for the orchestrator."""
+    crossings = _watched.get(request_id)
+    return crossings.queued if crossings is not None else None
+
+
+def _of_id(internal: Any) -> _Crossings | None:
     if not _watched or not isinstance(internal, str) or len(internal) <= _INTERNAL_SUFFIX:
         return None
     return _watched.get(internal[:-_INTERNAL_SUFFIX])
+
+
+def _of(message: Any) -> _Crossings | None:
+    return _of_id(getattr(message, "request_id", None))
+
+
+def note_queued(internal_id: str) -> None:
+    """vLLM-Omni queued the engine request ``internal_id`` for the orchestrator (``AsyncOmniEngine.add_request``)."""
+    crossings = _of_id(internal_id)
+    if crossings is not None and crossings.queued is None:
+        crossings.queued = time.perf_counter()
 
 
 def note_put(message: Any) -> None:

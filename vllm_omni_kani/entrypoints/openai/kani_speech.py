@@ -129,6 +129,9 @@ async def prepare_kani_speech(
                     fresh = audio_state.new_samples(payload[key], streaming)
                     if timing.audio(fresh.numel()) and entry is not None:
                         handoff = output_handoff.crossing(first_id, getattr(res, "request_output", None))
+                        queued = output_handoff.queued_at(first_id)
+                        if queued is not None:
+                            entry.stamp("queued", queued)
                         if handoff is not None:
                             entry.stamp("orchestrated", handoff[0])
                             entry.stamp("dequeued", handoff[1])

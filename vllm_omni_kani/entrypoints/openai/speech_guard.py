@@ -66,10 +66,21 @@ BATCH_PATH = "/v1/audio/speech/batch"
 END_STREAM_TIMEOUT_S = 5.0
 _ERROR_TYPES = {400: "BadRequestError", 409: "ConflictError", 503: "ServiceUnavailableError"}
 TRACE_HEADER = "x-kani-trace"
-# In order: admitted by this middleware; the speech handler preparing it; its engine request submitted; the message
-# with its first audio put on the orchestrator's output queue and taken off it by the API loop (``output_handoff``);
-# that audio at the speech handler (``kani_speech``); the first audio bytes handed to the server; the response ended.
-TRACE_POINTS = ("arrived", "handler", "submitted", "orchestrated", "dequeued", "first_audio", "first_body", "end")
+# In order: admitted by this middleware; the speech handler preparing it; its output generator made ("submitted");
+# its engine request queued for the orchestrator, at that generator's first step; the message with its first audio
+# put on the orchestrator's output queue and taken off it by the API loop (``output_handoff``); that audio at the
+# speech handler (``kani_speech``); the first audio bytes handed to the server; the response ended.
+TRACE_POINTS = (
+    "arrived",
+    "handler",
+    "submitted",
+    "queued",
+    "orchestrated",
+    "dequeued",
+    "first_audio",
+    "first_body",
+    "end",
+)
 TRACE_TAG = "[KaniTTFA]"
 
 
