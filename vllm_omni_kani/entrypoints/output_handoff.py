@@ -15,7 +15,7 @@ the response has started streaming, on the same busy loop. vLLM-Omni's own ``ser
 from there, so without this point its difference from ``orchestrated`` could not be split (nineteenth set).
 
 The orchestrator's messages name vLLM-Omni's internal request id, ``<external id>-<8 hex>``; requests are watched by
-the external id the speech server submitted. ``patch.trace_output_handoff`` installs the two hooks.
+the external id the speech server submitted. ``patch.trace_output_handoff`` installs the three hooks.
 """
 
 from __future__ import annotations
