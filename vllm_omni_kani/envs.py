@@ -31,6 +31,15 @@ def disabled_patches() -> set[str]:
     return {name.strip() for name in os.environ.get(KANI_DISABLE_PATCHES, "").split(",") if name.strip()}
 
 
+KANI_LAZY_SUBMIT = "KANI_LAZY_SUBMIT"
+
+
+def lazy_submit() -> bool:
+    """``KANI_LAZY_SUBMIT``: a streamed speech request's engine request is queued when its response starts, as
+    vLLM-Omni does, instead of when the handler has its output generator (``early_start.py``); for A/B runs."""
+    return _flag(KANI_LAZY_SUBMIT)
+
+
 KANI_REQUEST_TABLES = "KANI_REQUEST_TABLES"
 
 

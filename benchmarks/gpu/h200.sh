@@ -29,8 +29,8 @@
 #   asyncsched  the shipped YAML with Stage 0's async scheduling on (deferred output building stays off): served at
 #            64 and 250 frames, and audio == Stage-0 frames. step_time runs with async scheduling (vLLM's default), the
 #            shipped file without it; since the codec stopped being the bound this was not measured again
-#   profile  the shipped YAML under 256 streams of 250 frames: CPU per process and thread, py-spy stacks of the API
-#            server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
+#   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
+#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
@@ -77,6 +77,9 @@
 #   stepbound  the shipped YAML with Stage 1's step bound at STEP_MAX_FRAMES frames (default 1,024; 0 is no bound,
 #            every chunk that arrived in one codec step, as shipped): the bound's served A/B for TTFA and frames/s;
 #            send beside `served`
+#   lazy     `served` with a streamed request's engine request queued when its response starts, as vLLM-Omni does
+#            (KANI_LAZY_SUBMIT=1), not when the handler has its output generator (early_start.py, shipped): the
+#            TTFA A/B of early submission; send beside `served`; earlytests: tests/test_early_start.py on this Python
 #   servedtables  `served` with vLLM-Omni's per-request stats tables (KANI_REQUEST_TABLES=1) instead of one line per
 #            request: how much the tables' logging stalls the API server's loop; send beside `served`
 #   servedtrace  `served` with KANI_TRACE_CHUNKS=1 (Stage 0 logs each chunk it emits, the codec each step after a
@@ -162,7 +165,8 @@ for phase in "$@"; do
     profile)
       checkpoints
       step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
-        --deploy-config stage_configs/kani_tts.yaml --out "$R/profile" --frames 250 --streams 256
+        --deploy-config stage_configs/kani_tts.yaml --out "$R/profile-${PROFILE_STREAMS:-256}" --frames 250 \
+        --streams "${PROFILE_STREAMS:-256}"
       cleanup
       pack profile ;;
     stepprofile)
@@ -327,6 +331,15 @@ for phase in "$@"; do
         --json "$R/ab-codebook1.json" | tee "$R/ab-codebook1.md"
       step_rates
       pack abcodebook1 ;;
+    lazy)
+      checkpoints
+      KANI_LAZY_SUBMIT=1 serve_sweeps 0 lazy-submit "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
+      cleanup
+      frames_check lazy-submit
+      step_rates
+      pack lazy ;;
+    earlytests)
+      step early-tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_early_start.py ;;
     servedoff)
       # The same with the API server's two patches off (numpy PCM, summaries off the loop): their effect.
       checkpoints

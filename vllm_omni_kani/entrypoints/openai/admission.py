@@ -18,9 +18,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from vllm_omni_kani.entrypoints.openai.metrics import speech_metrics
 
@@ -62,6 +62,12 @@ def retry_after_s(env: Mapping[str, str] = os.environ) -> int:
     return _env_int(env, ENV_RETRY_AFTER, DEFAULT_RETRY_AFTER_S, 0)
 
 
+class Closable(Protocol):
+    """What the request's end closes: an output generator, or an engine request's early first step."""
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
 class ActiveSpeech:
     """One admitted speech request (a whole batch is one entry holding one slot per item)."""
@@ -77,8 +83,9 @@ class ActiveSpeech:
     # With vLLM's --api-key: a digest of the key the request came with; only that key may cancel it (None: anyone).
     owner: bytes | None = None
     outcome: str | None = None  # how it ended (metrics.OUTCOMES), set just before release
-    # The request's audio generators (one per engine request: a batch has several), closed when it ends.
-    outputs: list[AsyncGenerator[Any, None]] = field(default_factory=list)
+    # The request's audio generators (one per engine request: a batch has several) and early-started first steps
+    # (``early_start.py``), closed when it ends, in order.
+    outputs: list[Closable] = field(default_factory=list)
     # Asked for with ``X-Kani-Trace: 1``: ``time.perf_counter()`` of each point of the request's way to its first
     # audio (``speech_guard.TRACE_POINTS``), logged at release; None when not traced.
     trace: dict[str, float] | None = None

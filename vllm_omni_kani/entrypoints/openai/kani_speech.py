@@ -6,6 +6,9 @@ segments are generated one after another and their audio is yielded as one strea
 client sees a single seamless response. When the client asks for another sample rate (or for
 Opus, which cannot carry 22,050 Hz) the audio is resampled on the way out, chunk by chunk.
 
+A streamed request's engine request is queued as soon as its output generator exists, not when the response
+starts streaming (``early_start.py``).
+
 Each request's time to first audio, real-time factor and audio seconds go to the speech metrics
 (``metrics.py``), timed from its admission.
 
@@ -24,11 +27,13 @@ from typing import Any
 import torch
 
 from vllm_omni_kani.entrypoints import output_handoff
+from vllm_omni_kani.entrypoints.openai.early_start import EarlyStart
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
 from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
+from vllm_omni_kani.envs import lazy_submit
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +110,8 @@ async def prepare_kani_speech(
         entry.stamp("submitted")
         if entry.trace is not None:
             output_handoff.watch(first_id)  # before the generator's first step submits the engine request
+    # Streamed: queue the engine request now rather than when the response starts (early_start.py).
+    early = EarlyStart(first_gen) if streaming and not lazy_submit() else None
     if len(segments) > 1:
         logger.info("speech request %s: %d characters in %d segments", first_id, len(request.input), len(segments))
 
@@ -115,13 +122,15 @@ async def prepare_kani_speech(
         for index, text in enumerate(segments):
             if index == 0:
                 gen = first_gen
+                source = early.outputs() if early is not None else gen
             else:
                 _, gen, _ = await original(
                     server, request.model_copy(update={"input": text}), f"{first_id}-{index}", has_inline_ref_audio
                 )
+                source = gen
             audio_state = _SegmentAudio()
             try:
-                async for res in gen:
+                async for res in source:
                     last = res
                     payload, key = _audio_of(server, res)
                     if key is None:
@@ -145,7 +154,11 @@ async def prepare_kani_speech(
                         whole.append(fresh)
             finally:
                 # A client that goes away closes this generator: close the engine's too, which aborts it.
-                await gen.aclose()
+                if early is not None and index == 0:
+                    await source.aclose()
+                    await early.aclose()
+                else:
+                    await gen.aclose()
                 if index == 0:
                     output_handoff.release(first_id)
         timing.finish()
@@ -170,4 +183,6 @@ async def prepare_kani_speech(
     stream = outputs()
     if entry is not None:
         entry.outputs.append(stream)
+        if early is not None:  # its engine request is queued already: closed at release even if nothing streamed
+            entry.outputs.append(early)
     return first_id, stream, tts_params
