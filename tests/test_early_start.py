@@ -157,7 +157,7 @@ def test_a_failing_first_step_raises_for_its_reader_and_is_retrieved_when_nobody
         unread = EarlyStart(failing())
         await _until(lambda: unread.first_step_done)
         await unread.aclose()  # the guard's release: it must neither raise nor leave the error unretrieved
-        del early, unread
+        early = unread = None  # unreferenced: a task error never retrieved would be reported now
         gc.collect()
         await asyncio.sleep(0)
         return reported
