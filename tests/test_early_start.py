@@ -104,9 +104,11 @@ def test_a_reader_cancelled_while_it_waits_for_the_first_output_cancels_the_firs
     async def main():
         engine = Engine()
         early = EarlyStart(engine.generate(5))
+        reading = asyncio.Event()
 
         async def read():
             stream = early.outputs()
+            reading.set()  # then it suspends waiting for the first output
             try:
                 async for _ in stream:
                     pass
@@ -115,7 +117,7 @@ def test_a_reader_cancelled_while_it_waits_for_the_first_output_cancels_the_firs
                 await early.aclose()
 
         reader = asyncio.create_task(read())
-        await _until(lambda: engine.events == ["queued"])
+        await _until(lambda: engine.events == ["queued"] and reading.is_set())
         reader.cancel()
         with pytest.raises(asyncio.CancelledError):
             await reader
