@@ -34,7 +34,8 @@ _TRACE = re.compile(r"\[KaniTTFA\] request_id=(\S+) outcome=(\S+) (.*)")
 SEGMENTS = (
     ("client send -> writing the request (the client: connection, serialization, its event loop)", "sent", "writing"),
     ("writing -> admitted (the server: accept, HTTP parsing, event loop)", "writing", "arrived"),
-    ("admitted -> speech handler (body, validation)", "arrived", "handler"),
+    ("admitted -> body received (the client's body write, transport, event loop)", "arrived", "body"),
+    ("body -> speech handler (validation, FastAPI, vLLM-Omni's handler)", "body", "handler"),
     ("handler -> output generator made (prompt, vLLM-Omni's request preparation)", "handler", "submitted"),
     (
         "submitted -> queued for the orchestrator (the response's start, the output generator's first step)",
@@ -78,20 +79,31 @@ def server_points(lines: list[str]) -> dict[str, dict[str, float]]:
 UNSPLIT = ("client send -> admitted (client, connect, HTTP parsing, event loop)", "sent", "arrived")
 # Servers that did not note the orchestrator's handoff (older results): one segment from submission to first audio.
 ENGINE_UNSPLIT = ("submitted -> first audio out of the engine (both stages)", "submitted", "first_audio")
-_HANDOFF = slice(4, 8)  # SEGMENTS' four from submission to first audio
+# Servers that did not note when the request's body was in (sets up to the twentieth): one segment to the handler.
+BODY_UNSPLIT = ("admitted -> speech handler (body, validation)", "arrived", "handler")
+_BODY = slice(2, 4)  # SEGMENTS' two from admission to the handler
+_HANDOFF = slice(5, 9)  # SEGMENTS' four from submission to first audio
 # Servers that noted the handoff but not when the engine request was queued (eighteenth and nineteenth sets).
 QUEUE_UNSPLIT = (
     "submitted -> first audio put on the orchestrator's queue (both stages, the orchestrator)",
     "submitted",
     "orchestrated",
 )
-_QUEUE = slice(4, 6)  # SEGMENTS' two from submission to the orchestrator's put
+_QUEUE = slice(5, 7)  # SEGMENTS' two from submission to the orchestrator's put
 
 
 def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[dict[str, list[float]], int]:
     """Milliseconds of each of ``SEGMENTS`` over the client traces the server logged in full, and how many those are
     (segments no trace had are left out)."""
-    order = (UNSPLIT, *SEGMENTS[: _HANDOFF.start], ENGINE_UNSPLIT, QUEUE_UNSPLIT, *SEGMENTS[_HANDOFF.start :])
+    order = (
+        UNSPLIT,
+        *SEGMENTS[: _BODY.start],
+        BODY_UNSPLIT,
+        *SEGMENTS[_BODY.start : _HANDOFF.start],
+        ENGINE_UNSPLIT,
+        QUEUE_UNSPLIT,
+        *SEGMENTS[_HANDOFF.start :],
+    )
     out: dict[str, list[float]] = {name: [] for name, _, _ in order}
     joined = 0
     for trace in traces:
@@ -101,6 +113,8 @@ def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[d
             chain[_HANDOFF] = [ENGINE_UNSPLIT]
         elif stamps.get("queued") is None:
             chain[_QUEUE] = [QUEUE_UNSPLIT]
+        if stamps.get("body") is None:
+            chain[_BODY] = [BODY_UNSPLIT]
         if stamps["writing"] is None:
             chain[:2] = [UNSPLIT]
         if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):

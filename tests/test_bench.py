@@ -97,6 +97,10 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert joined == 3
     # The client notes when it starts writing each request to its socket, which splits the way in at its edge.
     assert all(t["sent"] <= t["writing"] <= points[t["id"]]["arrived"] for t in level["trace"])
+    # The server notes when it had each request's whole body, between admission and the handler.
+    assert all(
+        points[t["id"]]["arrived"] <= points[t["id"]]["body"] <= points[t["id"]]["handler"] for t in level["trace"]
+    )
     # The orchestrator's handoff of the first audio is noted (output_handoff) and lies between submission and the
     # handler seeing it.
     assert list(split) == [name for name, _, _ in ttfa_breakdown.SEGMENTS]
@@ -125,7 +129,7 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     handoff = ttfa_breakdown.SEGMENTS[ttfa_breakdown._HANDOFF]
     assert joined == 3 and list(engine) == [
         name
-        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.ENGINE_UNSPLIT, *ttfa_breakdown.SEGMENTS[8:])
+        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:5], ttfa_breakdown.ENGINE_UNSPLIT, *ttfa_breakdown.SEGMENTS[9:])
     ]
     assert engine[ttfa_breakdown.ENGINE_UNSPLIT[0]] == pytest.approx(
         [sum(split[name][i] for name, _, _ in handoff) for i in range(3)], abs=4 * log_resolution_ms
@@ -135,7 +139,13 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     engine, joined = ttfa_breakdown.segments(level["trace"], unqueued)
     assert joined == 3 and list(engine) == [
         name
-        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:4], ttfa_breakdown.QUEUE_UNSPLIT, *ttfa_breakdown.SEGMENTS[6:])
+        for name, _, _ in (*ttfa_breakdown.SEGMENTS[:5], ttfa_breakdown.QUEUE_UNSPLIT, *ttfa_breakdown.SEGMENTS[7:])
+    ]
+    # Results of a server that did not note the body: one segment from admission to the handler.
+    bodiless = {rid: {k: v for k, v in p.items() if k != "body"} for rid, p in points.items()}
+    way_in, joined = ttfa_breakdown.segments(level["trace"], bodiless)
+    assert joined == 3 and list(way_in) == [
+        name for name, _, _ in (*ttfa_breakdown.SEGMENTS[:2], ttfa_breakdown.BODY_UNSPLIT, *ttfa_breakdown.SEGMENTS[4:])
     ]
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

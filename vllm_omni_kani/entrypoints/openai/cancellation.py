@@ -97,6 +97,8 @@ class CancellableReceive:
         message, self._pending = self._pending.result(), None
         if message["type"] == "http.disconnect":
             self.disconnected = True
+        elif message["type"] == "http.request" and not message.get("more_body", False):
+            self._entry.stamp("body")  # traced requests: when the app had the whole body
         return message
 
     def close(self) -> None:
