@@ -127,6 +127,7 @@ for phase in "$@"; do
         cleanup
         frames_check dp
       fi
+      step_rates
       pack "$phase" ;;
     steps)
       checkpoints
