@@ -125,12 +125,44 @@ def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[d
     return {name: values for name, values in out.items() if values}, joined
 
 
+def wave_segments(
+    traces: list[dict], points: dict[str, dict[str, float]], concurrency: int
+) -> list[tuple[dict[str, list[float]], int]]:
+    """``segments`` of a level's first wave (its first ``concurrency`` requests by send time, sent at once) and of the
+    rest (each sent as an earlier one ended, into a loaded server), in that order."""
+    ordered = sorted(traces, key=lambda t: t["sent"])
+    return [segments(ordered[:concurrency], points), segments(ordered[concurrency:], points)]
+
+
+def _print_segments(split: dict[str, list[float]], indent: str = "  ") -> None:
+    for name, values in split.items():
+        value = _pcts(values)
+        print(f"{indent}{name:<66} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path)
     parser.add_argument("bench", type=Path)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--waves",
+        action="store_true",
+        help="only the traced segments, per level's first wave and the rest (joined by request id, so a level cut "
+        "short still splits)",
+    )
     args = parser.parse_args()
+    if args.waves:
+        points = server_points(log_lines(args.log))
+        for level in json.loads(args.bench.read_text())["levels"]:
+            for wave, (split, joined) in zip(
+                ("first wave", "later waves"),
+                wave_segments(level.get("trace") or [], points, level["concurrency"]),
+                strict=True,
+            ):
+                print(f"c={level['concurrency']} {wave} ({joined} traced requests)")
+                _print_segments(split)
+        return
     stats = list(requests(args.log).values())
     lines = log_lines(args.log)
     first_chunks = [float(m[2]) for line in lines if (m := _E2E.search(line))]

@@ -118,6 +118,9 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     for i, trace in enumerate(level["trace"]):
         total = sum(values[i] for values in split.values())
         assert total == pytest.approx((trace["first_byte"] - trace["sent"]) * 1000.0, abs=4 * log_resolution_ms)
+    # Per wave: the first `concurrency` requests by send time, then the rest.
+    first, later = ttfa_breakdown.wave_segments(level["trace"], points, 2)
+    assert (first[1], later[1]) == (2, 1) and list(first[0]) == list(split)
     # Results of a client that did not note it: one segment from sending to admission, the rest the same.
     unsplit, joined = ttfa_breakdown.segments([{**t, "writing": None} for t in level["trace"]], points)
     assert joined == 3 and list(unsplit) == [
