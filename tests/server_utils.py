@@ -38,6 +38,8 @@ _BASE_ENV: dict[str, str | None] = {
     "PYTHONUNBUFFERED": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "NO_COLOR": "1",
+    # Each stage's scheduler logs its requests' first outputs (one line each; test_bench's traced sweep reads them).
+    "KANI_TRACE_FIRST_OUTPUTS": "1",
     # Process-wide on vLLM-CPU and stronger than each stage's kv_cache_memory_bytes: the deploy YAML must size
     # the KV cache (the test suite sets this for its in-process engines).
     "VLLM_CPU_KVCACHE_SPACE": None,

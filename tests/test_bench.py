@@ -150,5 +150,20 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert joined == 3 and list(way_in) == [
         name for name, _, _ in (*ttfa_breakdown.SEGMENTS[:2], ttfa_breakdown.BODY_UNSPLIT, *ttfa_breakdown.SEGMENTS[4:])
     ]
+    # Each stage's scheduler logged its first output (KANI_TRACE_FIRST_OUTPUTS, on for test servers); joined by the
+    # request's id, the points follow the request through both stages on the same clock, and the segments between
+    # "queued" and "orchestrated" add up to that span.
+    import first_outputs
+
+    stages = first_outputs.first_output_points(server.log_text()[before:].splitlines())
+    for t in level["trace"]:
+        p, s = points[t["id"]], stages[t["id"]]
+        assert p["queued"] <= s["s0_added"] <= s["s0_scheduled"] <= s["s0_output"] <= p["orchestrated"], (p, s)
+        assert s["s1_added"] <= s["s1_scheduled"] <= s["s1_output"] <= p["orchestrated"], (p, s)
+    engines, joined = first_outputs.engine_segments(level["trace"], points, stages)
+    assert joined == 3
+    for i, t in enumerate(level["trace"]):
+        span = (points[t["id"]]["orchestrated"] - points[t["id"]]["queued"]) * 1000.0
+        assert sum(values[i] for values in engines.values()) == pytest.approx(span, abs=4 * log_resolution_ms)
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])

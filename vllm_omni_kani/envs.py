@@ -31,6 +31,15 @@ def disabled_patches() -> set[str]:
     return {name.strip() for name in os.environ.get(KANI_DISABLE_PATCHES, "").split(",") if name.strip()}
 
 
+KANI_TRACE_FIRST_OUTPUTS = "KANI_TRACE_FIRST_OUTPUTS"
+
+
+def trace_first_outputs() -> bool:
+    """``KANI_TRACE_FIRST_OUTPUTS``: each stage's scheduler logs one ``[KaniFirstOutput]`` line per request (when it was
+    added, first scheduled, and its first output left; ``core/sched/first_outputs.py``)."""
+    return _flag(KANI_TRACE_FIRST_OUTPUTS)
+
+
 KANI_LAZY_SUBMIT = "KANI_LAZY_SUBMIT"
 
 

@@ -17,6 +17,9 @@ export PYTHONPATH=$PWD:/tmp/kani-dist:/tmp/site:/tmp/whl
 export PATH=/tmp/whl/bin:$PATH  # py-spy, when its wheel is carried
 # Stage 0 logs its step rate every 5 s (step_meter.py): the served step period, beside step_time's.
 export KANI_STEP_STATS_S=${KANI_STEP_STATS_S:-5}
+# ... and each stage's scheduler its requests' first outputs (core/sched/first_outputs.py; benchmarks/first_outputs.py
+# splits the engines' part of a traced first audio with them).
+export KANI_TRACE_FIRST_OUTPUTS=${KANI_TRACE_FIRST_OUTPUTS:-1}
 # ... and the API server its event-loop lag (entrypoints/loop_lag.py): do new requests wait behind a blocked loop?
 export KANI_LOOP_LAG_S=${KANI_LOOP_LAG_S:-5}
 # ... with the stacks its loop thread stood in while the loop did not tick for 50 ms (entrypoints/loop_stalls.py)

@@ -25,6 +25,7 @@ from typing import Any
 from vllm.v1.request import Request
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
+from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,11 @@ class BudgetStats:
     since: float = 0.0
 
 
-class KaniCodecScheduler(OmniGenerationScheduler):
-    """vLLM-Omni's generation scheduler with each step bounded in codec frames (see the module docstring)."""
+class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
+    """vLLM-Omni's generation scheduler with each step bounded in codec frames (see the module docstring); with
+    ``KANI_TRACE_FIRST_OUTPUTS`` it traces each stream's first chunk (its first scheduled step) and first audio."""
+
+    trace_stage = 1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -28,6 +28,7 @@ from vllm.v1.request import RequestStatus
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
 from vllm_omni.engine import OmniEngineCoreOutput
 
+from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
 
 logger = logging.getLogger(__name__)
@@ -166,9 +167,12 @@ class _CoalescingOutputs:
         return super().finish_requests(request_ids, finished_status)
 
 
-class KaniStage0Scheduler(_CoalescingOutputs, OmniARScheduler):
+class KaniStage0Scheduler(FirstOutputTracing, _CoalescingOutputs, OmniARScheduler):
     """vLLM-Omni's AR scheduler with coalesced outputs; with async scheduling on it builds the async one instead,
-    so one ``scheduler_cls`` serves both (vLLM-Omni picks the async class from the YAML only when none is named)."""
+    so one ``scheduler_cls`` serves both (vLLM-Omni picks the async class from the YAML only when none is named).
+    ``KANI_TRACE_FIRST_OUTPUTS`` traces each request's first output as it leaves, after the coalescer."""
+
+    trace_stage = 0
 
     def __new__(cls, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
         if cls is KaniStage0Scheduler and vllm_config.scheduler_config.async_scheduling:

@@ -1,0 +1,98 @@
+"""Where the engines' part of each traced request's first audio goes, per benchmark level and wave.
+
+    python3 benchmarks/first_outputs.py SERVER_LOG[.gz] BENCH_JSON [--json OUT]
+
+A server started with ``KANI_TRACE_FIRST_OUTPUTS=1`` logs, from each stage's scheduler, one ``[KaniFirstOutput]``
+line per request (``core/sched/first_outputs.py``); a ``bench --trace`` sweep leaves the API server's ``[KaniTTFA]``
+points. All are ``time.perf_counter()`` of one host. Joined by request id (the engine request is
+``speech-<X-Request-Id>-<8 hex>``), they split ``ttfa_breakdown.py``'s "queued -> first audio put on the orchestrator's
+queue" into consecutive segments (``SEGMENTS``) that add up to it. Each level's first wave (its first ``concurrency``
+requests by send time, sent at once) and its later waves (sent into a loaded server) are reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from audio_vs_frames import log_lines
+from ttfa_breakdown import _pcts, server_points
+
+_LINE = re.compile(r"\[KaniFirstOutput\] stage=(\d+) request_id=(\S+) (.*)")
+_ENGINE_ID = re.compile(r"speech-(.+)-[0-9a-f]{8}")
+# (name, from, to): "s0_added" is Stage 0's scheduler's "added", and so on; "queued" and "orchestrated" are the API
+# server's points.
+SEGMENTS = (
+    ("queued -> Stage 0 has it (the orchestrator, the transport, the engine core's input)", "queued", "s0_added"),
+    ("Stage 0: added -> first scheduled (the step under way)", "s0_added", "s0_scheduled"),
+    ("Stage 0: scheduled -> first output out (its first step)", "s0_scheduled", "s0_output"),
+    (
+        "Stage 0's first output -> the codec schedules the first chunk (the chunk's frames, connector, codec queue)",
+        "s0_output",
+        "s1_scheduled",
+    ),
+    ("codec: first chunk scheduled -> first audio out (its step)", "s1_scheduled", "s1_output"),
+    ("codec's first audio -> put on the orchestrator's queue (transport, orchestrator)", "s1_output", "orchestrated"),
+)
+
+
+def first_output_points(lines: list[str]) -> dict[str, dict[str, float]]:
+    """X-Request-Id -> {"s0_added": t, ..., "s1_output": t, "s0_arrival_lag_ms": ms, ...} of every traced line."""
+    out: dict[str, dict[str, float]] = {}
+    for line in lines:
+        m = _LINE.search(line)
+        if not m:
+            continue
+        engine_id = _ENGINE_ID.fullmatch(m[2])
+        key = engine_id[1] if engine_id else m[2]
+        fields = dict(item.split("=", 1) for item in m[3].split())
+        point = out.setdefault(key, {})
+        for name in ("added", "scheduled", "output", "arrival_lag_ms"):
+            if name in fields:
+                point[f"s{m[1]}_{name}"] = float(fields[name])
+    return out
+
+
+def engine_segments(traces: list[dict], ttfa: dict[str, dict[str, float]], stages: dict[str, dict[str, float]]):
+    """Milliseconds of each of ``SEGMENTS`` over the traces with every point, and how many those are."""
+    out: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    joined = 0
+    for trace in traces:
+        stamps = {**ttfa.get(trace["id"], {}), **stages.get(trace["id"], {})}
+        if any(stamps.get(point) is None for _, a, b in SEGMENTS for point in (a, b)):
+            continue
+        joined += 1
+        for name, a, b in SEGMENTS:
+            out[name].append((stamps[b] - stamps[a]) * 1000.0)
+    return out, joined
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("log", type=Path)
+    parser.add_argument("bench", type=Path)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    lines = log_lines(args.log)
+    ttfa, stages = server_points(lines), first_output_points(lines)
+    report = []
+    for level in json.loads(args.bench.read_text())["levels"]:
+        ordered = sorted(level.get("trace") or [], key=lambda t: t["sent"])
+        concurrency = level["concurrency"]
+        for wave, traces in (("first wave", ordered[:concurrency]), ("later waves", ordered[concurrency:])):
+            split, joined = engine_segments(traces, ttfa, stages)
+            row = {"concurrency": concurrency, "wave": wave, "joined": joined}
+            row.update({name: _pcts(values) for name, values in split.items() if values})
+            report.append(row)
+            print(f"c={concurrency} {wave} ({joined} requests with every point)")
+            for name, _, _ in SEGMENTS:
+                value = row.get(name, {})
+                print(f"  {name:<104} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
