@@ -3,7 +3,8 @@
 vLLM-Omni queues the engine request at its output generator's first step (``AsyncOmni.generate`` calls
 ``add_request`` there). For a streamed response that step runs only once the response has started, after the
 handler has returned and Starlette has sent the headers, on the API server's busy event loop: served on one H200
-the request reached the orchestrator ~40 ms after its generator was made, at 64 streams (docs/BENCHMARKS.md).
+the request was queued 47-49 ms p50 after its generator was made at 64 streams, 138-190 ms at 256 (0.2 ms with
+``EarlyStart``; docs/BENCHMARKS.md, twentieth set).
 ``EarlyStart`` runs that first step in a task of its own at once (started eagerly where Python has it, 3.12+, so
 the request is queued before the handler returns), and the response's start overlaps the engines' work instead of
 preceding it. The response then reads the first output from that task and the rest from the generator.
