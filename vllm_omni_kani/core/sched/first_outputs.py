@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_omni_kani.core.sched.request_ids import as_request_ids
+from vllm_omni_kani.core.sched.request_ids import forget_requests
 from vllm_omni_kani.envs import trace_first_outputs
 
 logger = logging.getLogger(__name__)
@@ -80,12 +80,7 @@ class FirstOutputTrace:
             )
 
     def forget(self, request_ids: str | Iterable[str] | None) -> None:
-        ids = as_request_ids(request_ids)
-        if ids is None:
-            self.pending.clear()
-            return
-        for request_id in ids:
-            self.pending.pop(request_id, None)
+        forget_requests(self.pending, request_ids)
 
 
 class FirstOutputTracing:

@@ -29,7 +29,7 @@ from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARS
 from vllm_omni.engine import OmniEngineCoreOutput
 
 from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
-from vllm_omni_kani.core.sched.request_ids import as_request_ids
+from vllm_omni_kani.core.sched.request_ids import forget_requests
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
 
 logger = logging.getLogger(__name__)
@@ -130,12 +130,7 @@ class OutputCoalescer:
 
     def drop(self, request_ids: str | Iterable[str] | None) -> None:
         """Forget aborted requests' held outputs (None: every request's)."""
-        ids = as_request_ids(request_ids)
-        if ids is None:
-            self.held.clear()
-            return
-        for request_id in ids:
-            self.held.pop(request_id, None)
+        forget_requests(self.held, request_ids)
 
 
 def _empty(batch: EngineCoreOutputs) -> bool:
