@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from audio_vs_frames import log_lines
-from ttfa_breakdown import _pcts, server_points
+from ttfa_breakdown import WAVES, _pcts, server_points, waves
 
 _LINE = re.compile(r"\[KaniFirstOutput\] stage=(\d+) request_id=(\S+) (.*)")
 _ENGINE_ID = re.compile(r"speech-(.+)-[0-9a-f]{8}")
@@ -79,9 +79,8 @@ def main() -> None:
     ttfa, stages = server_points(lines), first_output_points(lines)
     report = []
     for level in json.loads(args.bench.read_text())["levels"]:
-        ordered = sorted(level.get("trace") or [], key=lambda t: t["sent"])
         concurrency = level["concurrency"]
-        for wave, traces in (("first wave", ordered[:concurrency]), ("later waves", ordered[concurrency:])):
+        for wave, traces in zip(WAVES, waves(level.get("trace") or [], concurrency), strict=True):
             split, joined = engine_segments(traces, ttfa, stages)
             row = {"concurrency": concurrency, "wave": wave, "joined": joined}
             row.update({name: _pcts(values) for name, values in split.items() if values})

@@ -125,13 +125,22 @@ def segments(traces: list[dict], points: dict[str, dict[str, float]]) -> tuple[d
     return {name: values for name, values in out.items() if values}, joined
 
 
+# The two waves of a level, as ``waves`` returns them.
+WAVES = ("first wave", "later waves")
+
+
+def waves(traces: list[dict], concurrency: int) -> tuple[list[dict], list[dict]]:
+    """A level's first wave (its first ``concurrency`` requests by send time, sent at once) and the rest (each sent
+    as an earlier one ended, into a loaded server)."""
+    ordered = sorted(traces, key=lambda t: t["sent"])
+    return ordered[:concurrency], ordered[concurrency:]
+
+
 def wave_segments(
     traces: list[dict], points: dict[str, dict[str, float]], concurrency: int
 ) -> list[tuple[dict[str, list[float]], int]]:
-    """``segments`` of a level's first wave (its first ``concurrency`` requests by send time, sent at once) and of the
-    rest (each sent as an earlier one ended, into a loaded server), in that order."""
-    ordered = sorted(traces, key=lambda t: t["sent"])
-    return [segments(ordered[:concurrency], points), segments(ordered[concurrency:], points)]
+    """``segments`` of each of a level's ``waves``, in that order."""
+    return [segments(wave, points) for wave in waves(traces, concurrency)]
 
 
 def _print_segments(split: dict[str, list[float]], indent: str = "  ") -> None:
@@ -156,7 +165,7 @@ def main() -> None:
         points = server_points(log_lines(args.log))
         for level in json.loads(args.bench.read_text())["levels"]:
             for wave, (split, joined) in zip(
-                ("first wave", "later waves"),
+                WAVES,
                 wave_segments(level.get("trace") or [], points, level["concurrency"]),
                 strict=True,
             ):
