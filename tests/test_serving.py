@@ -393,6 +393,10 @@ def test_flattened_checkpoint_serves_speech_four_tokens_per_frame(flat_server):
     assert "seeded codebook-1 noise: hashed for the whole batch" in log, log[-3000:]
     steps = re.findall(r"kani stage0 steps: [\d.]+ steps/s, ([\d.]+) ms per step, \d+ rows/s, mean batch ([\d.]+)", log)
     assert steps and all(float(ms) > 0 and float(batch) >= 1 for ms, batch in steps), log[-3000:]
+    # The scheduler's step-kind meter: each window splits its steps into decode and prefill (the requests' prompts).
+    kinds = re.findall(r"kani stage0 step kinds: decode (\d+)(?: x ([\d.]+) ms)?.*; prefill (\d+)", log)
+    assert kinds and all(int(d) == 0 or float(ms) > 0 for d, ms, _ in kinds), log[-3000:]
+    assert sum(int(p) for *_, p in kinds) >= 1, kinds
     # The meter's windows are the A/B windows, each naming its side.
     assert re.search(r"over [\d.]+ s \(sampler patches (on|off)\)", log), log[-3000:]
     # The API server's event-loop lag, from the health checks on.

@@ -131,7 +131,7 @@ frames_check() {
 # API server's event-loop lag lines.
 step_rates() {
   for f in "$R"/serve-*.log; do
-    [ -f "$f" ] && grep -oE "kani (stage0 steps|api loop lag): .*" "$f" | sed "s|^|$(basename "$f" .log): |" \
+    [ -f "$f" ] && grep -oE "kani (stage0 steps|stage0 step kinds|api loop lag): .*" "$f" | sed "s|^|$(basename "$f" .log): |" \
       | tee "$R/step-rates-$(basename "$f" .log).txt" | tail -n 30
   done
 }
