@@ -69,6 +69,19 @@ def test_an_idle_engine_is_no_part_of_a_step():
     assert meter.updated(now=20.1) is None and not meter._open
 
 
+def test_a_step_after_an_emptied_scheduler_starts_at_its_schedule():
+    """Between two waves the engine waits for input: that wait is no part of the next wave's first (prefill) step."""
+    meter = StepKindMeter(interval_s=10.0)
+    meter.scheduled(_output({"a": 1}), called=1.0)
+    meter.updated(now=1.010, emptied=True)  # a's last step: the scheduler is empty
+    meter.scheduled(_output({"b": 30}, new=1), called=1.300)  # 0.29 s later, within IDLE_S
+    meter.updated(now=1.320)
+    meter.scheduled(_output({"b": 1}), called=1.321)
+    meter.updated(now=1.330)
+    assert abs(meter.tallies["prefill"].seconds - 0.020) < 1e-9
+    assert abs(meter.tallies["decode"].seconds - (0.010 + 0.010)) < 1e-9  # chained again after the prefill
+
+
 def test_async_scheduling_overlaps_two_open_steps():
     meter = StepKindMeter(interval_s=10.0)
     meter.scheduled(_output({"a": 1}), called=1.0)

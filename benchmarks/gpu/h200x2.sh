@@ -20,7 +20,10 @@
 #   codecreplicas  scale-out on vLLM-Omni's own machinery (both GPUs, 250-frame requests at 64 and 256 streams):
 #           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
 #   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
+#           (a fresh machine took 323 s to start it: DP_LIMIT_S, default 540)
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
+#   onegpu  the shipped YAML on each GPU at once, 250-frame requests at 64 and 256 streams: the one-GPU reference of
+#           a dp call on the same instance, twice; audio vs frames for both
 #   coalesce  Stage 0's outputs every kani_output_every_steps steps (shipped, GPU 0) against every step (GPU 1), at
 #           once: 250-frame requests at 64 and 256 streams, audio vs frames for both; with dp after it, the one-GPU
 #           reference of the same code
@@ -104,6 +107,15 @@ for phase in "$@"; do
       frames_check every-step
       step_rates
       pack coalesce ;;
+    onegpu)
+      checkpoints
+      serve_sweeps 0 shipped-gpu0 "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
+      serve_sweeps 1 shipped-gpu1 "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
+      wait; cleanup
+      frames_check shipped-gpu0
+      frames_check shipped-gpu1
+      step_rates
+      pack onegpu ;;
     lmab)
       # Two Stage-0 engines beside one codec (kani_tts_lm_replicas.yaml, GPU 1) against the shipped file (GPU 0), at
       # once: 250-frame requests at 64 and 256 streams, audio vs frames for both.
@@ -123,7 +135,7 @@ for phase in "$@"; do
         frames_check codec-replicas
       fi
       if [ "$phase" != codecreplicas ]; then
-        serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml 330 250:64,256
+        serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml "${DP_LIMIT_S:-540}" 250:64,256
         cleanup
         frames_check dp
       fi

@@ -16,8 +16,9 @@ and logs, per kind, its steps, ms per step, mean rows, and for ``prefill`` the n
     22.81 ms (rows 49.0, new 1.1, tokens 90.2) over 5.0 s
 
 A step lasts from the end of the step before it (its outputs out of the scheduler) to the end of its own: the engine's
-intake of the requests it admits, ``schedule``, the model step and its outputs' processing. After an idle engine (a
-gap over ``IDLE_S``) a step starts at its ``schedule``. Host clocks only.
+intake of the requests it admits, ``schedule``, the model step and its outputs' processing. A step after an empty
+scheduler (the engine waited for input: between two waves of a benchmark) starts at its ``schedule``, and a gap over
+``IDLE_S`` also opens a new window. Host clocks only.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class StepKindMeter:
         self.tallies = {kind: _Tally() for kind in KINDS}
         self._window_start = 0.0
         self._last_end: float | None = None
+        self._emptied = False  # the last step left the scheduler empty: the next one starts at its schedule
         # Steps scheduled and not yet updated (two under async scheduling): start, kind, rows, new, tokens.
         self._open: deque[tuple[float, str, int, int, int]] = deque()
 
@@ -74,18 +76,20 @@ class StepKindMeter:
         if scheduler_output.total_num_scheduled_tokens <= 0:
             return
         last = self._last_end
-        start = last if last is not None and called - last <= IDLE_S and not self._open else called
-        self._open.append((start, *step_kind(scheduler_output)))
+        chained = last is not None and not self._emptied and not self._open and called - last <= IDLE_S
+        self._open.append((last if chained else called, *step_kind(scheduler_output)))
 
-    def updated(self, now: float | None = None) -> str | None:
-        """The oldest open step's outputs are out: tally it; returns the logged line when a window closed."""
+    def updated(self, now: float | None = None, emptied: bool = False) -> str | None:
+        """The oldest open step's outputs are out: tally it; returns the logged line when a window closed.
+        ``emptied``: no request is left in the scheduler, so the engine waits for input before its next step."""
         if not self._open:
             return None
         now = time.perf_counter() if now is None else now
         start, kind, rows, new, tokens = self._open.popleft()
         if self._last_end is None or start - self._last_end > IDLE_S:
-            self._reset(start)  # the first step, or the first after an idle engine: a new window
+            self._reset(start)  # the first step, or the first after a long idle: a new window
         self._last_end = now
+        self._emptied = emptied
         tally = self.tallies[kind]
         tally.steps += 1
         tally.seconds += now - start
@@ -134,5 +138,5 @@ class StepKinds:
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.step_kind_meter is not None and scheduler_output.total_num_scheduled_tokens > 0:
-            self.step_kind_meter.updated()
+            self.step_kind_meter.updated(emptied=not self.has_unfinished_requests())
         return outputs
