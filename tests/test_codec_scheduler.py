@@ -15,8 +15,11 @@ import torch
 
 from vllm_omni_kani.core.sched.codec_scheduler import (
     DEFAULT_STEP_MAX_FRAMES,
+    FIRST_CHUNKS_ALONE_KEY,
     chunk_frames,
     deferred_from,
+    first_chunks_alone,
+    step_cut,
     step_max_frames,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.pipeline import CODEC_SCHEDULER, PIPELINES
@@ -42,6 +45,34 @@ def test_a_smaller_chunk_never_jumps_the_queue():
 def test_the_head_always_goes_even_over_the_budget():
     assert deferred_from([200, 8], committed=0, budget=64) == 1
     assert deferred_from([200], committed=30, budget=64) == 1
+
+
+def test_first_chunks_alone_hold_every_running_chunk_but_never_two_steps_in_a_row():
+    # A step with first chunks (committed) takes nothing else ...
+    assert step_cut([64, 16, 32], committed=3, budget=0, first_alone=True, held_last=False) == 0
+    # ... unless the step before it held running chunks back: then the budget decides (none here: all go).
+    assert step_cut([64, 16, 32], committed=3, budget=0, first_alone=True, held_last=True) == 3
+    assert step_cut([64, 16, 32], committed=3, budget=70, first_alone=True, held_last=True) == 1
+    # Without first chunks, or with the knob off, the budget alone decides.
+    assert step_cut([64, 16, 32], committed=0, budget=0, first_alone=True, held_last=False) == 3
+    assert step_cut([64, 16, 32], committed=3, budget=0, first_alone=False, held_last=False) == 3
+
+
+def test_a_run_of_steps_with_first_chunks_alternates_so_running_chunks_wait_one_step_at_most():
+    held, taken = False, []
+    for _ in range(6):  # new streams arrive before every step
+        cut = step_cut([16] * 5, committed=3, budget=0, first_alone=True, held_last=held)
+        held = cut == 0
+        taken.append(cut)
+    assert taken == [0, 5, 0, 5, 0, 5]
+
+
+def test_the_first_chunks_alone_knob_is_a_boolean():
+    assert first_chunks_alone({}) is False
+    assert first_chunks_alone({FIRST_CHUNKS_ALONE_KEY: True}) is True
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match=FIRST_CHUNKS_ALONE_KEY):
+            first_chunks_alone({FIRST_CHUNKS_ALONE_KEY: bad})
 
 
 def test_frames_are_read_from_the_chunk_a_request_carries():

@@ -70,6 +70,9 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
+#   alone    the shipped YAML with codec_first_chunks_alone (a codec step with first chunks takes only those; the
+#            running streams' chunks go in the next step): the first chunk's codec step, for TTFA; 250-frame requests at
+#            64 and 256 streams, audio vs frames; send beside `served`
 #   ramp     the shipped YAML with a first chunk of INITIAL frames (default 1, shipped 3) and a ramp from CHUNK
 #            (default 2, shipped 16) doubling to 64: the first audio after Stage 0's first frame rather than its third,
 #            each later chunk still due before the audio before it has played; 250-frame requests at 64 and 256
@@ -410,6 +413,14 @@ for phase in "$@"; do
       frames_check "$tag"
       step_rates
       pack "$tag" ;;
+    alone)
+      checkpoints
+      variant kani_tts_alone stages.1.additional_config.codec_first_chunks_alone=true
+      serve_sweeps 0 alone "$CK/par" stage_configs/kani_tts_alone.yaml "${ALONE_LIMIT_S:-330}" 250:64,256
+      cleanup
+      frames_check alone
+      step_rates
+      pack alone ;;
     ramp)
       checkpoints
       tag=ramp-${INITIAL:-1}-${CHUNK:-2}

@@ -12,6 +12,12 @@ Which chunks go first: every first chunk (a new stream: it is what its client is
 the running queue's order. Chunks past the budget are not dropped: their requests keep their chunk, stay ready and
 go to the head of the queue, and the head always goes, so every chunk runs within a few steps and one larger than
 the budget still runs.
+
+``codec_first_chunks_alone`` (off by default) goes further for the first audio: a step that has first chunks takes
+only those (a few frames each, one short replay) and the running streams' chunks go in the next step, which takes
+everything that is ready then. So no two steps in a row hold running streams back, and a running chunk waits one
+short step at most. The first-output trace put a first chunk's codec step at 15-41 ms p50 at 64 streams on an H200
+(docs/BENCHMARKS.md, twenty-first set), where a step of first chunks alone replays in ~5 ms.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ logger = logging.getLogger(__name__)
 # neither the time to first audio nor anything else (two runs each way, same machine), and cost frames/s at 256
 # streams; the knob stays for deployments whose codec steps are long (kani_tts_cpu.yaml).
 DEFAULT_STEP_MAX_FRAMES = 0
+# Stage 1 additional_config: a step with first chunks takes nothing else (module docstring).
+FIRST_CHUNKS_ALONE_KEY = "codec_first_chunks_alone"
 # The scheduler logs what the bound did when it held chunks back, at most this often.
 SUMMARY_INTERVAL_S = 10.0
 
@@ -65,6 +73,14 @@ def deferred_from(frames: Sequence[int], committed: int, budget: int) -> int:
     return len(frames)
 
 
+def step_cut(frames: Sequence[int], committed: int, budget: int, first_alone: bool, held_last: bool) -> int:
+    """``deferred_from``, except that with ``first_alone`` a step with first chunks (``committed`` > 0) holds every
+    running chunk back, unless the step before it already did (``held_last``): then the budget alone decides."""
+    if first_alone and committed > 0 and not held_last:
+        return 0
+    return deferred_from(frames, committed, budget)
+
+
 @dataclass
 class BudgetStats:
     """What the bound did since the last summary line."""
@@ -72,6 +88,7 @@ class BudgetStats:
     steps: int = 0
     bounded_steps: int = 0
     deferred: int = 0
+    first_alone_steps: int = 0  # steps of first chunks alone (codec_first_chunks_alone)
     # Most frames of already-running streams that one step took. The step's first chunks are left out: those of
     # more waiting requests than the step can admit are ready too, so their sum says nothing about one step.
     largest_running_frames: int = 0
@@ -86,12 +103,15 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.step_max_frames = step_max_frames(additional_config(self.vllm_config))
+        config = additional_config(self.vllm_config)
+        self.step_max_frames = step_max_frames(config)
+        self.first_chunks_alone = first_chunks_alone(config)
+        self._held_last = False  # the last step held running chunks back for its first chunks
         self._deferred: list[Request] = []
         self._stats = BudgetStats(since=time.monotonic())
         self._last_summary: float | None = None
         adapter = self.chunk_transfer_adapter
-        if adapter is not None and self.step_max_frames > 0:
+        if adapter is not None and (self.step_max_frames > 0 or self.first_chunks_alone):
             # The budget applies right after this step's chunks were received, before the step is assembled.
             receive = adapter.process_pending_chunks
 
@@ -101,8 +121,9 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
 
             adapter.process_pending_chunks = receive_then_bound
         logger.info(
-            "Kani codec scheduler: at most %s frames a step, first chunks first",
+            "Kani codec scheduler: at most %s frames a step, first chunks first%s",
             self.step_max_frames if self.step_max_frames > 0 else "(no bound)",
+            ", and alone" if self.first_chunks_alone else "",
         )
 
     def _ready(self, requests: Iterable[Request]) -> list[Request]:
@@ -118,9 +139,11 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         frames = [chunk_frames(r) for r in ready]
         if not frames and not committed:
             return  # an idle tick: nothing arrived
-        cut = deferred_from(frames, committed, self.step_max_frames)
+        cut = step_cut(frames, committed, self.step_max_frames, self.first_chunks_alone, self._held_last)
+        self._held_last = self.first_chunks_alone and committed > 0 and cut == 0 and bool(ready)
         stats = self._stats
         stats.steps += 1
+        stats.first_alone_steps += self._held_last
         stats.largest_running_frames = max(stats.largest_running_frames, sum(frames[:cut]))
         if cut == len(ready):
             return
@@ -151,13 +174,14 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
             return
         logger.info(
             "Kani codec scheduler: %d of %d steps in the last %.1f s held %d chunks for a later step "
-            "(budget %d frames; at most %d frames of running streams in one step)",
+            "(budget %d frames; at most %d frames of running streams in one step; %d steps of first chunks alone)",
             stats.bounded_steps,
             stats.steps,
             now - stats.since,
             stats.deferred,
             self.step_max_frames,
             stats.largest_running_frames,
+            stats.first_alone_steps,
         )
         self._last_summary = now
         self._stats = BudgetStats(since=now)
@@ -173,3 +197,11 @@ def step_max_frames(config: Any) -> int:
     if value < 0:
         raise ValueError(f"codec_step_max_frames must be >= 0 (0: no bound), got {value}")
     return value
+
+
+def first_chunks_alone(config: Any) -> bool:
+    """``codec_first_chunks_alone`` of a Stage-1 ``additional_config`` (default off); a YAML boolean only."""
+    raw = config.get(FIRST_CHUNKS_ALONE_KEY, False)
+    if not isinstance(raw, bool):
+        raise ValueError(f"{FIRST_CHUNKS_ALONE_KEY} must be true or false, got {raw!r}")
+    return raw
