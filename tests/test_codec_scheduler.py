@@ -16,6 +16,8 @@ import torch
 from vllm_omni_kani.core.sched.codec_scheduler import (
     DEFAULT_STEP_MAX_FRAMES,
     FIRST_CHUNKS_ALONE_KEY,
+    BudgetStats,
+    KaniCodecScheduler,
     chunk_frames,
     deferred_from,
     first_chunks_alone,
@@ -65,6 +67,59 @@ def test_a_run_of_steps_with_first_chunks_alternates_so_running_chunks_wait_one_
         held = cut == 0
         taken.append(cut)
     assert taken == [0, 5, 0, 5, 0, 5]
+
+
+def _stream(request_id: str, frames: int) -> SimpleNamespace:
+    """A Stage-1 request carrying a chunk as the step assembly sees it: the connector makes every chunk one
+    placeholder token with nothing computed, the codes in its payload."""
+    return SimpleNamespace(
+        request_id=request_id,
+        prompt_token_ids=[0],
+        num_computed_tokens=0,
+        additional_information={"codes": {"audio": torch.zeros(frames, 4, dtype=torch.long)}},
+    )
+
+
+def _assembly(first_alone: bool, budget: int = 0) -> KaniCodecScheduler:
+    """The scheduler's step-assembly state alone (no engine): what ``_defer_over_budget`` reads and writes."""
+    scheduler = KaniCodecScheduler.__new__(KaniCodecScheduler)
+    scheduler.step_max_frames, scheduler.first_chunks_alone = budget, first_alone
+    scheduler._held_last, scheduler._deferred, scheduler._stats = False, [], BudgetStats()
+    scheduler._started = set()
+    scheduler.max_num_running_reqs = 256
+    return scheduler
+
+
+def test_a_running_streams_first_chunk_counts_as_first_and_takes_its_step_alone():
+    """Stage 1's requests exist from their Stage-0 submission on, so a first chunk mostly arrives on a running
+    request: a stream no step has taken a chunk of is what makes it first, not the waiting queue."""
+    scheduler = _assembly(first_alone=True)
+    old = [_stream(f"old{i}", 64) for i in range(3)]
+    new = [_stream("new0", 3), _stream("new1", 3)]
+    scheduler._started = {r.request_id for r in old}
+    running = [old[0], new[0], old[1], new[1], old[2]]
+    scheduler.requests = {r.request_id: r for r in running}
+    scheduler._defer_over_budget([], running)
+    assert running == new and scheduler._deferred == old and scheduler._held_last
+    assert scheduler._stats.first_alone_steps == 1 and scheduler.max_num_running_reqs == 256 - 3
+    # The next step takes every running chunk, a new first chunk with them.
+    scheduler._started |= {r.request_id for r in new}
+    newer = _stream("new2", 3)
+    running = [*old, newer]
+    scheduler.requests[newer.request_id] = newer
+    scheduler._deferred, scheduler.max_num_running_reqs = [], 256
+    scheduler._defer_over_budget([], running)
+    assert running == [*old, newer] and scheduler._deferred == [] and not scheduler._held_last
+
+
+def test_with_a_budget_a_running_first_chunk_is_never_held():
+    scheduler = _assembly(first_alone=False, budget=64)
+    running = [_stream("old0", 64), _stream("old1", 64), _stream("new", 3)]
+    scheduler.requests = {r.request_id: r for r in running}
+    scheduler._started = {"old0", "old1"}
+    scheduler._defer_over_budget([], running)
+    assert [r.request_id for r in running] == ["old0", "new"]
+    assert [r.request_id for r in scheduler._deferred] == ["old1"]
 
 
 def test_the_first_chunks_alone_knob_is_a_boolean():

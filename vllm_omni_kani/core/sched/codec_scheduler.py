@@ -107,6 +107,7 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         self.step_max_frames = step_max_frames(config)
         self.first_chunks_alone = first_chunks_alone(config)
         self._held_last = False  # the last step held running chunks back for its first chunks
+        self._started: set[str] = set()  # request ids of the streams a step has taken a chunk of
         self._deferred: list[Request] = []
         self._stats = BudgetStats(since=time.monotonic())
         self._last_summary: float | None = None
@@ -133,9 +134,17 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         ]
 
     def _defer_over_budget(self, waiting: Any, running: list[Request]) -> None:
-        """Move the running requests whose chunks do not fit this step out of ``running`` until it is assembled."""
-        committed = sum(chunk_frames(r) for r in self._ready(waiting))
+        """Move the running requests whose chunks do not fit this step out of ``running`` until it is assembled.
+
+        A first chunk (its stream never scheduled before) is never held, wherever it waits: Stage 1's requests are
+        created when their Stage-0 request is submitted, so most streams are already running when their first chunk
+        arrives, not waiting. (The connector resets a request's computed tokens with every chunk, so they cannot
+        tell.)"""
         ready = self._ready(running)
+        started = self._started
+        firsts = [r for r in ready if r.request_id not in started]
+        ready = [r for r in ready if r.request_id in started]
+        committed = sum(chunk_frames(r) for r in self._ready(waiting)) + sum(chunk_frames(r) for r in firsts)
         frames = [chunk_frames(r) for r in ready]
         if not frames and not committed:
             return  # an idle tick: nothing arrived
@@ -157,7 +166,11 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
 
     def schedule(self, throttle_prefills: bool = False) -> Any:
         try:
-            return super().schedule(throttle_prefills)
+            scheduler_output = super().schedule(throttle_prefills)
+            # Streams that have had a chunk scheduled; finished ones leave with their requests.
+            self._started.update(scheduler_output.num_scheduled_tokens)
+            self._started.intersection_update(self.requests)
+            return scheduler_output
         finally:
             if self._deferred:
                 # First in line next step.
