@@ -17,7 +17,7 @@ the budget still runs.
 only those (a few frames each, one short replay) and the running streams' chunks go in the next step, which takes
 everything that is ready then. So no two steps in a row hold running streams back, and a running chunk waits one
 short step at most. The first-output trace put a first chunk's codec step at 15-41 ms p50 at 64 streams on an H200
-(docs/BENCHMARKS.md, twenty-first set), where a step of first chunks alone replays in ~5 ms.
+(docs/BENCHMARKS.md, twenty-first set), where a step of first chunks alone replays in 5-19 ms (fifteenth set).
 """
 
 from __future__ import annotations
