@@ -106,11 +106,25 @@ def thread_shares(raw: Path, count: int = 12) -> list[tuple[str, int]]:
     return [(f"{names.get(tid, '?')} ({tid})", n) for tid, n in samples.most_common(count)]
 
 
+# What one GPU serves at most (frames/s, all streams together) and one stream at most (a step of a few rows): the
+# default per-stream rate below is the GPU's share per stream, between the two.
+MAX_GPU_FPS = 8_000.0
+MAX_STREAM_FPS = 200.0
+
+
+def default_stream_fps(streams: int) -> float:
+    """The fastest frames/s a stream is expected to get at ``streams`` streams: 50 at 256 (one H200 served ~9,000
+    frames/s there), more with fewer streams. A fixed 50 sent too few waves at 64 streams, where a stream gets
+    ~85 frames/s: the load ended ~4 s inside the window twice (docs/BENCHMARKS.md, twentieth and twenty-first sets)."""
+    return min(MAX_STREAM_FPS, max(50.0, MAX_GPU_FPS / max(streams, 1)))
+
+
 def load_waves(args: argparse.Namespace) -> int:
     """Waves of ``streams`` requests that keep the server loaded past the measured window even at ``stream_fps``
-    frames/s per stream, plus one: three waves (the earlier default) ended ~10 s into a 20-s window at 256 streams
-    on an H100 (docs/BENCHMARKS.md, "Seventeenth set")."""
-    seconds_per_request = args.frames / args.stream_fps
+    frames/s per stream (``default_stream_fps`` unless given), plus one: three waves (the earlier default) ended
+    ~10 s into a 20-s window at 256 streams on an H100 (docs/BENCHMARKS.md, "Seventeenth set")."""
+    stream_fps = args.stream_fps if args.stream_fps else default_stream_fps(args.streams)
+    seconds_per_request = args.frames / stream_fps
     return math.ceil((args.delay + args.seconds) / seconds_per_request) + 1
 
 
@@ -128,8 +142,9 @@ def main() -> None:
     parser.add_argument(
         "--stream-fps",
         type=float,
-        default=50.0,
-        help="the fastest frames/s per stream expected: enough requests are sent to load the server past the window",
+        default=0.0,
+        help="the fastest frames/s per stream expected (0: default_stream_fps of --streams): enough requests are sent "
+        "to load the server past the window",
     )
     parser.add_argument("--kernel-trace-s", type=float, default=0.0, help="trace the GPU this long instead of py-spy")
     args = parser.parse_args()
