@@ -112,7 +112,8 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         self._stats = BudgetStats(since=time.monotonic())
         self._last_summary: float | None = None
         adapter = self.chunk_transfer_adapter
-        if adapter is not None and (self.step_max_frames > 0 or self.first_chunks_alone):
+        self._assembles = adapter is not None and (self.step_max_frames > 0 or self.first_chunks_alone)
+        if self._assembles:
             # The budget applies right after this step's chunks were received, before the step is assembled.
             receive = adapter.process_pending_chunks
 
@@ -167,9 +168,10 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
     def schedule(self, throttle_prefills: bool = False) -> Any:
         try:
             scheduler_output = super().schedule(throttle_prefills)
-            # Streams that have had a chunk scheduled; finished ones leave with their requests.
-            self._started.update(scheduler_output.num_scheduled_tokens)
-            self._started.intersection_update(self.requests)
+            if self._assembles:
+                # Streams that have had a chunk scheduled; finished ones leave with their requests.
+                self._started.update(scheduler_output.num_scheduled_tokens)
+                self._started.intersection_update(self.requests)
             return scheduler_output
         finally:
             if self._deferred:
