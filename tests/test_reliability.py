@@ -93,9 +93,13 @@ def http() -> httpx.Client:
     """One pooled client for the module's many threads.
 
     ``httpx.post`` builds a client (and its TLS context) per call: on a 2-core box whose cores the server keeps
-    busy, 32 threads doing that took seconds each, which would time the client instead of the server.
+    busy, 32 threads doing that took seconds each, which would time the client instead of the server. Idle
+    connections are dropped after 2 s, before the server's keep-alive timeout (vLLM's 5 s, httpx's default expiry
+    too): a connection idle for exactly that long could be closed by the server as the client reused it ("Server
+    disconnected without sending a response" on a /metrics read after a 10-s burst, once in CI).
     """
-    return httpx.Client(timeout=300, limits=httpx.Limits(max_connections=128, max_keepalive_connections=128))
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128, keepalive_expiry=2.0)
+    return httpx.Client(timeout=300, limits=limits)
 
 
 def speech(server, timeout: float = 300, headers: dict | None = None, **body) -> httpx.Response:
