@@ -73,6 +73,10 @@
 #   alone    the shipped YAML with codec_first_chunks_alone (a codec step with first chunks takes only those; the
 #            running streams' chunks go in the next step): the first chunk's codec step, for TTFA; 250-frame requests at
 #            64 and 256 streams, audio vs frames; send beside `served`
+#   capture  the shipped YAML with Stage 0's CUDA graphs for mixed batches captured up to CAPTURE_MAX tokens (default
+#            512: vLLM's own sizes, the file before the twenty-second set; shipped: 2,048): prefill steps against decode
+#            steps (step kinds), TTFA and frames/s; 250-frame requests at 64 and 256 streams, audio vs frames; send
+#            beside `served`
 #   ramp     the shipped YAML with a first chunk of INITIAL frames (default 1, shipped 3) and a ramp from CHUNK
 #            (default 2, shipped 16) doubling to 64: the first audio after Stage 0's first frame rather than its third,
 #            each later chunk still due before the audio before it has played; 250-frame requests at 64 and 256
@@ -421,6 +425,24 @@ for phase in "$@"; do
       frames_check alone
       step_rates
       pack alone ;;
+    capture)
+      checkpoints
+      max=${CAPTURE_MAX:-512}
+      if [ "$max" -le 512 ]; then
+        variant kani_tts_capture "stages.0.compilation_config={max_cudagraph_capture_size: $max}"
+      else
+        sizes=$(python3 -c "import sys; m=int(sys.argv[1]); base=[1,2,4,*range(8,256,8),*range(256,513,16)]
+extra=[s for s in (576,640,768,896,1024,1280,1536,1792,2048,3072,4096,6144,8192) if 512<s<=m]
+print(','.join(map(str,base+extra)))" "$max")
+        variant kani_tts_capture "stages.0.compilation_config.cudagraph_capture_sizes=[$sizes]"
+      fi
+      serve_sweeps 0 capture "$CK/par" stage_configs/kani_tts_capture.yaml "${CAPTURE_LIMIT_S:-470}" 250:64,256
+      cleanup
+      grep -ohE "'max_cudagraph_capture_size': [0-9]+|PIECEWISE\): +0%\|[^|]*\| 0/[0-9]+|Graph capturing finished.*" \
+        "$R/serve-capture.log" | sort -u > "$R/capture-sizes.txt" || true
+      frames_check capture
+      step_rates
+      pack capture ;;
     ramp)
       checkpoints
       tag=ramp-${INITIAL:-1}-${CHUNK:-2}
