@@ -54,3 +54,28 @@ def test_lm_replicas_changes_nothing_else_of_the_shipped_file():
     assert stage0 == {k: v for k, v in shipped["stages"][0].items() if k != "devices"}
     assert replicas["stages"][1] == shipped["stages"][1]
     assert {k: v for k, v in replicas.items() if k != "stages"} == {k: v for k, v in shipped.items() if k != "stages"}
+
+
+def _vllm_default_capture_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM 0.26's own sizes for a decode-only batch limit (its ``_set_cudagraph_sizes``, no speculation)."""
+    top = min(2 * max_num_seqs, 512)
+    return sorted({s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top})
+
+
+@pytest.mark.parametrize("name", ["kani_tts.yaml", "kani_tts_2gpu.yaml"])
+def test_stage0_captures_mixed_batches_past_vllms_default(name):
+    """Stage 0's graph sizes keep every size vLLM would capture (decode batches replay as before) and go on to 2,048
+    tokens, inside the step's token budget, so a step admitting prompts beside running streams replays graphs too."""
+    stage0 = _stage(STAGE_CONFIGS / name, 0)
+    sizes = stage0.compilation_config["cudagraph_capture_sizes"]
+    assert sizes == sorted(set(sizes))
+    assert set(_vllm_default_capture_sizes(stage0.max_num_seqs)) <= set(sizes)
+    assert max(sizes) == 2048 <= stage0.max_num_batched_tokens
+
+
+def test_every_file_based_on_the_shipped_one_inherits_its_stage0_graph_sizes():
+    shipped = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts.yaml")["stages"][0]["compilation_config"]
+    for path in DEPLOY_FILES:
+        text = path.read_text()
+        if "base_config: kani_tts.yaml" in text:
+            assert _stage(path, 0).compilation_config == shipped, path.name
