@@ -167,3 +167,18 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
         assert sum(values[i] for values in engines.values()) == pytest.approx(span, abs=4 * log_resolution_ms)
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])
+
+
+def test_staggered_streams_send_their_first_requests_apart(omni_server, tiny_parallel, tmp_path):
+    """``--stagger-s``: stream k of N sends its first request k·S/N into the level, each stream sends 4 requests,
+    and the row's "later" TTFA covers every request but each stream's first."""
+    server = omni_server(tiny_parallel, DEPLOY)
+    argv = ["bench", "--url", server.base_url, "--model", server.model, "--label", "staggered", "--concurrency", "2"]
+    argv += ["--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path), "--trace", "--stagger-s", "1"]
+    assert main(argv) == 0
+    (level,) = json.loads((tmp_path / "staggered.json").read_text())["levels"]
+    assert (level["requests"], level["ok"], level["stagger_s"]) == (8, 8, 1.0)
+    assert level["requests_later"] == 6
+    assert 0 < level["ttfa_ms_p50_later"] <= level["ttfa_ms_p95_later"]
+    firsts = sorted(t["sent"] for t in level["trace"] if t["first_of_stream"])
+    assert len(firsts) == 2 and firsts[1] - firsts[0] >= 0.5

@@ -2,7 +2,9 @@
 
     python3 benchmarks/gpu/serve_sweeps.py --ckpt CK --deploy-config Y --label L --out R 64:1,64,256 250:64,256
 
-Each RUN is ``FRAMES:CONCURRENCY,...`` and writes ``R/L-fFRAMES.json``; the first run also checks one request
+Each RUN is ``FRAMES:CONCURRENCY,...`` and writes ``R/L-fFRAMES.json``; ``FRAMES:CONCURRENCY:STAGGER_S``
+spreads the streams' first requests over STAGGER_S seconds (``bench --stagger-s``) and writes
+``R/L-fFRAMES-sSTAGGER_S.json``. The first run also checks one request
 end to end (streamed PCM == WAV). Every request is traced (``bench --trace``: the server logs its TTFA points,
 which ``benchmarks/ttfa_breakdown.py`` joins with the client's). Afterwards the server log is scanned for chunks the
 codec refused (a lost or out-of-order chunk would be logged there), and the count is written to
@@ -28,7 +30,7 @@ def main() -> None:
     parser.add_argument("--label", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=64)
-    parser.add_argument("runs", nargs="+", help="FRAMES:CONCURRENCY,... per sweep")
+    parser.add_argument("runs", nargs="+", help="FRAMES:CONCURRENCY,...[:STAGGER_S] per sweep")
     args = parser.parse_args()
     # `timeout` ends a step with SIGTERM: leave through the context manager so the server stops too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
@@ -39,8 +41,10 @@ def main() -> None:
         startup = time.perf_counter() - started
         print(f"server up in {startup:.0f} s", flush=True)
         for i, run in enumerate(args.runs):
-            frames, levels = run.split(":")
-            argv = ["--url", server.url, "--model", args.ckpt, "--label", f"{args.label}-f{frames}"]
+            frames, levels, *stagger = run.split(":")
+            label = f"{args.label}-f{frames}" + "".join(f"-s{s}" for s in stagger)
+            argv = ["--url", server.url, "--model", args.ckpt, "--label", label]
+            argv += [f"--stagger-s={s}" for s in stagger]
             argv += ["--max-new-frames", frames, "--concurrency", levels, "--warmup", str(args.warmup)]
             argv += ["--out", str(out), "--deploy-config-note", args.deploy_config, "--trace"]
             if i == 0:

@@ -11,6 +11,11 @@ With ``--trace`` each request is sent with its own ``X-Request-Id`` and ``X-Kani
 keeps, per request, its id and the client's ``time.perf_counter()`` at sending, first byte and end
 (``trace``): ``benchmarks/ttfa_breakdown.py`` places them among the server's ``[KaniTTFA]`` points.
 
+With ``--stagger-s S`` stream ``k`` of ``N`` sends its first request ``k·S/N`` seconds into the level, so that
+requests arrive one by one instead of in waves (S near one request's duration spreads them evenly); each stream then
+sends 4 requests by default, and the row adds ``ttfa_ms_p50_later`` / ``ttfa_ms_p95_later`` over every request but
+each stream's first, which arrived while the level was still filling.
+
 With random-weight checkpoints the audio length is set by ``max_new_tokens`` (frames × tokens per frame),
 so every level moves the same audio per request and levels compare like with like.
 """
@@ -89,6 +94,7 @@ class RequestResult:
     # With ``ClientConfig.trace``: the request id and the client's perf_counter() at sending, first byte and end.
     trace: dict[str, Any] | None = None
     connected: bool = False  # it opened a TCP connection (False: it reused its stream's kept-alive one)
+    first_of_stream: bool = False  # its stream's first request of the level
 
 
 @dataclass
@@ -159,7 +165,12 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
 
 
 async def run_level(
-    cfg: ClientConfig, concurrency: int, requests: int, seed_base: int = 0, shared_pool: bool = False
+    cfg: ClientConfig,
+    concurrency: int,
+    requests: int,
+    seed_base: int = 0,
+    shared_pool: bool = False,
+    stagger_s: float = 0.0,
 ) -> dict[str, Any]:
     """Keep ``concurrency`` requests in flight until ``requests`` finished; returns the level's summary.
 
@@ -167,7 +178,7 @@ async def run_level(
     stream costs the client CPU quadratic in its size whenever many requests end and start at once (httpcore
     scans the pool's connections for every queued request): at 256 streams it held back the sending of a wave by
     ~6 s (docs/BENCHMARKS.md, sixteenth set). ``shared_pool`` keeps that one pool, for
-    ``benchmarks/client_pool.py``'s comparison."""
+    ``benchmarks/client_pool.py``'s comparison. ``stagger_s``: stream ``k`` starts ``k * stagger_s / streams`` in."""
     streams = min(concurrency, requests)
     timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
     ssl_context = httpx.create_ssl_context()  # one for every client: each would load the CA bundle again
@@ -182,19 +193,31 @@ async def run_level(
     queue = list(range(requests))
     results: list[RequestResult] = []
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(k: int, client: httpx.AsyncClient) -> None:
+        if stagger_s > 0:
+            await asyncio.sleep(k * stagger_s / streams)
+        first = True
         while queue:
             i = queue.pop(0)
             text = PROMPTS[(seed_base + i) % len(PROMPTS)]
-            results.append(await speech_request(client, cfg, text, cfg.seed + seed_base + i))
+            result = await speech_request(client, cfg, text, cfg.seed + seed_base + i)
+            result.first_of_stream, first = first, False
+            if result.trace is not None:
+                result.trace["first_of_stream"] = result.first_of_stream
+            results.append(result)
 
     async with contextlib.AsyncExitStack() as stack:
         for client in clients:
             await stack.enter_async_context(client)
         start, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(worker(clients[k % len(clients)]) for k in range(streams)))
+        await asyncio.gather(*(worker(k, clients[k % len(clients)]) for k in range(streams)))
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return summarize(results, concurrency, wall, client_cpu_s=cpu)
+    row = summarize(results, concurrency, wall, client_cpu_s=cpu)
+    if stagger_s > 0:
+        later = [r.ttfa_s * 1000.0 for r in results if r.ok and r.ttfa_s is not None and not r.first_of_stream]
+        row |= {"stagger_s": stagger_s, "ttfa_ms_p50_later": percentile(later, 50)}
+        row |= {"ttfa_ms_p95_later": percentile(later, 95), "requests_later": len(later)}
+    return row
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -266,6 +289,7 @@ async def run_levels(
     warmup: int,
     log: Any = print,
     on_level: Any = None,
+    stagger_s: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Warm up, then one level per concurrency; ``on_level(levels so far)`` after each (partial results survive)."""
     if warmup:
@@ -275,10 +299,14 @@ async def run_levels(
         log(f"warm-up: {row['ok']}/{row['requests']} ok, TTFA p50 {_fmt(row['ttfa_ms_p50'])} ms")
     levels = []
     for c in concurrency:
-        n = requests if requests else max(2 * c, 8)
-        row = await run_level(cfg, c, n)
+        n = requests if requests else max((4 if stagger_s > 0 else 2) * c, 8)
+        row = await run_level(cfg, c, n, stagger_s=stagger_s)
+        later = ""
+        if stagger_s > 0:
+            later = f" (after each stream's first: p50 {_fmt(row['ttfa_ms_p50_later'])} p95 "
+            later += f"{_fmt(row['ttfa_ms_p95_later'])} ms, streams staggered over {stagger_s:g} s)"
         log(
-            f"c={c:>4} n={n:>4}: TTFA p50 {_fmt(row['ttfa_ms_p50'])} p95 {_fmt(row['ttfa_ms_p95'])} ms, "
+            f"c={c:>4} n={n:>4}: TTFA p50 {_fmt(row['ttfa_ms_p50'])} p95 {_fmt(row['ttfa_ms_p95'])} ms{later}, "
             f"RTF p50 {_fmt(row['rtf_p50'], 3)}, {row['realtime_x']:.1f}x real time, "
             f"{row['frames_per_s']:.0f} frames/s, errors {row['errors']}"
         )
@@ -322,7 +350,8 @@ def run_serve_bench(args: argparse.Namespace, url: str, model: str, label: str, 
         result["levels"] = levels
         report.write_result(Path(args.out), label, result)
 
-    save(asyncio.run(run_levels(cfg, args.concurrency, args.requests, args.warmup, on_level=save)))
+    stagger = getattr(args, "stagger_s", 0.0)
+    save(asyncio.run(run_levels(cfg, args.concurrency, args.requests, args.warmup, on_level=save, stagger_s=stagger)))
     return Path(args.out) / f"{label}.json"
 
 
@@ -336,7 +365,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve", metavar="CKPT", help="start `vllm serve CKPT --omni --deploy-config ...` itself")
     parser.add_argument("--label", default="parallel", help="name of this run in the report (file <out>/<label>.json)")
     parser.add_argument("--concurrency", type=parse_int_list, default=list(DEFAULT_CONCURRENCY), help="e.g. 1,10,50")
-    parser.add_argument("--requests", type=int, default=0, help="requests per level (0: max(2 x concurrency, 8))")
+    parser.add_argument(
+        "--requests", type=int, default=0, help="requests per level (0: max(2 x concurrency, 8); 4 x with a stagger)"
+    )
+    parser.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="spread the streams' first requests over this many seconds (requests one by one, not in waves)",
+    )
     parser.add_argument("--max-new-frames", type=int, default=DEFAULT_MAX_NEW_FRAMES, help="audio frames per request")
     parser.add_argument("--tokens-per-frame", type=int, default=0, help="0: read from the checkpoint (1 or 4)")
     parser.add_argument("--warmup", type=int, default=16, help="requests sent at once before the first level")
