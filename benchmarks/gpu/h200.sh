@@ -70,13 +70,19 @@
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
 #            the frames, so a first chunk waits less behind one (TTFA); alone the codec was 6% slower at 16-frame
 #            chunks than at 64 (fourteenth set); 250-frame requests at 64 and 256 streams, audio vs frames
-#   alone    the shipped YAML with codec_first_chunks_alone (a codec step with first chunks takes only those; the
-#            running streams' chunks go in the next step): the first chunk's codec step, for TTFA; 250-frame requests at
-#            64 and 256 streams, audio vs frames; send beside `served`
+#   alone    the shipped YAML with codec_first_chunks_alone ALONE (default false; shipped true since the
+#            twenty-second set: a codec step with first chunks takes only those, the running streams' chunks go in the
+#            next step): the first chunk's codec step, for TTFA; 250-frame requests at 64 and 256 streams, audio vs
+#            frames; send beside `served`
 #   capture  the shipped YAML with Stage 0's CUDA graphs for mixed batches captured up to CAPTURE_MAX tokens (default
 #            512: vLLM's own sizes, the file before the twenty-second set; shipped: 2,048): prefill steps against decode
 #            steps (step kinds), TTFA and frames/s; 250-frame requests at 64 and 256 streams, audio vs frames; send
 #            beside `served`
+#   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
+#            arriving one by one (bench --stagger-s: the streams' first requests spread over about one request's
+#            duration, 4 requests per stream): TTFA under a steady load rather than in waves; 250-frame requests at 64
+#            (STAGGER64_S, default 2.5) and 256 streams (STAGGER256_S, default 7); STAGGER_SIDES=shipped or alone runs
+#            one side (one call each on a fresh machine)
 #   ramp     the shipped YAML with a first chunk of INITIAL frames (default 1, shipped 3) and a ramp from CHUNK
 #            (default 2, shipped 16) doubling to 64: the first audio after Stage 0's first frame rather than its third,
 #            each later chunk still due before the audio before it has played; 250-frame requests at 64 and 256
@@ -419,7 +425,7 @@ for phase in "$@"; do
       pack "$tag" ;;
     alone)
       checkpoints
-      variant kani_tts_alone stages.1.additional_config.codec_first_chunks_alone=true
+      variant kani_tts_alone "stages.1.additional_config.codec_first_chunks_alone=${ALONE:-false}"
       serve_sweeps 0 alone "$CK/par" stage_configs/kani_tts_alone.yaml "${ALONE_LIMIT_S:-330}" 250:64,256
       cleanup
       frames_check alone
@@ -443,6 +449,20 @@ print(','.join(map(str,base+extra)))" "$max")
       frames_check capture
       step_rates
       pack capture ;;
+    stagger)
+      checkpoints
+      variant kani_tts_alone "stages.1.additional_config.codec_first_chunks_alone=${ALONE:-false}"
+      runs="250:64:${STAGGER64_S:-2.5} 250:256:${STAGGER256_S:-7}"
+      for side in ${STAGGER_SIDES:-shipped alone}; do
+        label=staggered yaml=stage_configs/kani_tts.yaml
+        [ "$side" = alone ] && label=staggered-alone yaml=stage_configs/kani_tts_alone.yaml
+        # shellcheck disable=SC2086
+        serve_sweeps 0 "$label" "$CK/par" "$yaml" "${STAGGER_LIMIT_S:-330}" $runs
+        cleanup
+        frames_check "$label"
+      done
+      step_rates
+      pack stagger ;;
     ramp)
       checkpoints
       tag=ramp-${INITIAL:-1}-${CHUNK:-2}
