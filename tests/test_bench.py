@@ -182,3 +182,7 @@ def test_staggered_streams_send_their_first_requests_apart(omni_server, tiny_par
     assert 0 < level["ttfa_ms_p50_later"] <= level["ttfa_ms_p95_later"]
     firsts = sorted(t["sent"] for t in level["trace"] if t["first_of_stream"])
     assert len(firsts) == 2 and firsts[1] - firsts[0] >= 0.5
+    # The report's row says how the streams started and gives the later requests' TTFA.
+    later = f"| 1.0 | {level['ttfa_ms_p50_later']:,.0f} / {level['ttfa_ms_p95_later']:,.0f} |"
+    assert "| streams start over s | later TTFA p50 / p95 ms |" in (tmp_path / report.REPORT_MD).read_text()
+    assert later in (tmp_path / report.REPORT_MD).read_text()

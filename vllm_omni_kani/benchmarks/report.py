@@ -78,19 +78,27 @@ def _f(value: Any, digits: int = 0) -> str:
 
 
 def serve_table(result: dict[str, Any]) -> list[str]:
+    """One row per level; levels sent with ``--stagger-s`` add when their streams started and the TTFA of the requests
+    after each stream's first (those arrived at the level's steady load)."""
+    staggered = any("stagger_s" in row for row in result["levels"])
+    extra_head = " streams start over s | later TTFA p50 / p95 ms |" if staggered else ""
     lines = [
         f"### {result['label']} (server sweep)",
         "",
         "| concurrency | requests | errors | TTFA p50 ms | TTFA p90 ms | TTFA p95 ms | RTF p50 | RTF p95 "
-        "| audio s/req | × real time | frames/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| audio s/req | × real time | frames/s |" + extra_head,
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if staggered else ""),
     ]
     for row in result["levels"]:
+        extra = ""
+        if staggered:
+            extra = f" {_f(row.get('stagger_s'), 1)} | {_f(row.get('ttfa_ms_p50_later'))} / "
+            extra += f"{_f(row.get('ttfa_ms_p95_later'))} |"
         lines.append(
             f"| {row['concurrency']} | {row['requests']} | {row['errors']} | {_f(row['ttfa_ms_p50'])} "
             f"| {_f(row['ttfa_ms_p90'])} | {_f(row['ttfa_ms_p95'])} | {_f(row['rtf_p50'], 3)} "
             f"| {_f(row['rtf_p95'], 3)} "
-            f"| {_f(row['audio_s_per_request'], 2)} | {_f(row['realtime_x'], 1)} | {_f(row['frames_per_s'])} |"
+            f"| {_f(row['audio_s_per_request'], 2)} | {_f(row['realtime_x'], 1)} | {_f(row['frames_per_s'])} |" + extra
         )
     return lines
 
