@@ -75,9 +75,9 @@
 #            next step): the first chunk's codec step, for TTFA; 250-frame requests at 64 and 256 streams, audio vs
 #            frames; send beside `served`
 #   capture  the shipped YAML with Stage 0's CUDA graphs for mixed batches captured up to CAPTURE_MAX tokens (default
-#            512: vLLM's own sizes, the file before the twenty-second set; shipped: 2,048): prefill steps against decode
-#            steps (step kinds), TTFA and frames/s; 250-frame requests at 64 and 256 streams, audio vs frames; send
-#            beside `served`
+#            512: vLLM's own sizes, the file before the twenty-second set; above 512: the shipped sizes, to 2,048):
+#            prefill steps against decode steps (step kinds), TTFA and frames/s; 250-frame requests at 64 and 256
+#            streams, audio vs frames; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
 #            arriving one by one (bench --stagger-s: the streams' first requests spread over about one request's
 #            duration, 4 requests per stream): TTFA under a steady load rather than in waves; 250-frame requests at 64
@@ -437,9 +437,10 @@ for phase in "$@"; do
       if [ "$max" -le 512 ]; then
         variant kani_tts_capture "stages.0.compilation_config={max_cudagraph_capture_size: $max}"
       else
-        sizes=$(python3 -c "import sys; m=int(sys.argv[1]); base=[1,2,4,*range(8,256,8),*range(256,513,16)]
-extra=[s for s in (576,640,768,896,1024,1280,1536,1792,2048,3072,4096,6144,8192) if 512<s<=m]
-print(','.join(map(str,base+extra)))" "$max")
+        # The shipped file's sizes up to CAPTURE_MAX (it lists them to 2,048).
+        sizes=$(python3 -c "import sys, yaml; m = int(sys.argv[1])
+stage0 = yaml.safe_load(open('stage_configs/kani_tts.yaml'))['stages'][0]
+print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_sizes'] if s <= m))" "$max")
         variant kani_tts_capture "stages.0.compilation_config.cudagraph_capture_sizes=[$sizes]"
       fi
       serve_sweeps 0 capture "$CK/par" stage_configs/kani_tts_capture.yaml "${CAPTURE_LIMIT_S:-470}" 250:64,256
