@@ -2,7 +2,8 @@
 
     python3 benchmarks/stage0_step_table.py R/profile/idle-PID.txt[.gz] [--gpu-util R/profile/gpu-util-LABEL.csv]
 
-Reads the main thread's stacks (those that start in the process's ``<module>``) of a ``profile_served.py`` record,
+Reads the main thread's stacks (those that start in the process's ``<module>``, under a ``MainThread`` root when
+py-spy ran with ``--threads``) of a ``profile_served.py`` record,
 idle samples included, and sorts each sample into the first category whose frame it contains (``CATEGORIES``, the
 rows of docs/BENCHMARKS.md's eleventh-set table). With ``--gpu-util``, the samples taken after the load ended (the
 trailing 0% utilisation samples, at the csv's 500-ms spacing and py-spy's ``--rate``) are dropped from the idle row,
@@ -61,6 +62,11 @@ def main_thread_shares(rows: list[tuple[list[str], int]]) -> collections.Counter
     """Samples per category of the main thread's stacks."""
     counts: collections.Counter[str] = collections.Counter()
     for frames, count in rows:
+        if frames[0].startswith("thread (") and len(frames) > 1:
+            # Recorded with --threads: the root names the thread ("thread (TID): MainThread").
+            if not frames[0].endswith(": MainThread"):
+                continue
+            frames = frames[1:]
         if not frames[0].startswith("<module>"):
             continue
         frames = [unqualified(f) for f in frames]

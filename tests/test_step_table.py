@@ -37,3 +37,23 @@ def test_the_committed_profile_gives_the_documented_table():
     assert {k: rows[k] for k in documented} == documented
     shares = [float(v.rstrip("%")) for v in rows.values()]
     assert abs(sum(shares) - 100.0) < 0.2
+
+
+def test_a_record_with_thread_roots_reads_the_main_thread_only(tmp_path):
+    """``profile_served.py`` records with ``--threads``: each stack's root names its thread; only MainThread's count."""
+    raw = tmp_path / "idle-1.txt"
+    main = "thread (10): MainThread;<module> (<string>:1);run_busy_loop (vllm/v1/engine/core.py:1)"
+    raw.write_text(
+        f"{main};schedule (vllm_omni/core/sched/omni_ar_scheduler.py:1) 3\n"
+        f"{main};_to_list (vllm/v1/worker/gpu_model_runner.py:1) 1\n"
+        "thread (11): Thread-2 (recv_loop);_bootstrap (threading.py:1);recv_loop (base.py:1) 50\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "stage0_step_table.py"), str(raw)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| scheduler `schedule` | 3 | 75.0% |" in out
+    assert "| waiting for the GPU in `_to_list` | 1 | 25.0% |" in out
+    assert "other" not in out
