@@ -78,8 +78,10 @@
 #            512: vLLM's own sizes, the file before the twenty-second set; above 512: the shipped sizes, to 2,048):
 #            prefill steps against decode steps (step kinds), TTFA and frames/s; 250-frame requests at 64 and 256
 #            streams, audio vs frames; send beside `served`
+#   servedenv  `served` with SERVED_ENV (KEY=VALUE ...) in the server's environment, labelled SERVED_ENV_LABEL: a
+#            same-instance A/B of an environment switch (e.g. KANI_FAST_DECODE_SLOTS=0); send beside `served`
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
-#            default 1) instead of one per core; a `top -H` snapshot under load; send beside `served`
+#            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
 #            arriving one by one (bench --stagger-s: the streams' first requests spread over about one request's
 #            duration, 4 requests per stream): TTFA under a steady load rather than in waves; 250-frame requests at 64
@@ -207,9 +209,7 @@ for phase in "$@"; do
       pack "$phase" ;;
     served)
       checkpoints
-      (sleep 150; top -b -H -n 1 -w 200 | head -n 60 > "$R/top-served.txt") &
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
-      wait
       cleanup
       frames_check shipped
       step_rates
@@ -435,15 +435,26 @@ for phase in "$@"; do
       frames_check alone
       step_rates
       pack alone ;;
+    servedenv)
+      # `served` with SERVED_ENV (space-separated KEY=VALUE, e.g. KANI_FAST_DECODE_SLOTS=0) in every server process:
+      # a same-instance A/B of a switch; labelled SERVED_ENV_LABEL (default env).
+      checkpoints
+      label=${SERVED_ENV_LABEL:-env}
+      (
+        for kv in ${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}; do export "${kv?}"; done
+        serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256
+      )
+      cleanup
+      frames_check "$label"
+      step_rates
+      pack "$label" ;;
     threads)
       checkpoints
       # Every process of the server (API server, both engine cores) with OMP_NUM_THREADS=THREADS: torch's intra-op
       # pool at that size instead of one thread per core (vLLM's multiproc executor does the same for its workers;
       # a one-GPU stage runs its worker in the engine core, which keeps the full pool).
-      (sleep 150; top -b -H -n 1 -w 200 | head -n 60 > "$R/top-threads-${THREADS:-1}.txt") &
       OMP_NUM_THREADS=${THREADS:-1} serve_sweeps 0 "threads-${THREADS:-1}" "$CK/par" stage_configs/kani_tts.yaml \
         "${THREADS_LIMIT_S:-330}" 250:64,256
-      wait
       cleanup
       frames_check "threads-${THREADS:-1}"
       step_rates
