@@ -11,6 +11,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import soundfile as sf
 
 # Engines started from tests run on the CPU; keep their KV reservation and threads small.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -133,3 +134,31 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
+
+
+def speak_offline(
+    model: Path,
+    deploy_yaml: Path,
+    texts: list[str],
+    out_dir: Path,
+    max_new_tokens: int,
+    env: dict[str, str] | None = None,
+) -> tuple[str, list]:
+    """The offline example, greedy, on ``texts`` in a fresh interpreter (``env`` added to this one's): its log and
+    each utterance's int16 samples."""
+    args = ["--model", str(model), "--deploy-config", str(deploy_yaml), "--max-new-tokens", str(max_new_tokens)]
+    args += ["--temperature", "0", "--out-dir", str(out_dir)]
+    for text in texts:
+        args += ["--text", text]
+    out = subprocess.run(
+        [sys.executable, "examples/offline_inference/text_to_speech/kani_tts/end2end.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=900,
+        env={**os.environ, **(env or {})},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout + out.stderr, [
+        sf.read(out_dir / f"utterance_{i}.wav", dtype="int16")[0] for i in range(len(texts))
+    ]

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import soundfile as sf
 import torch
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -20,7 +17,7 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm_omni.engine import OmniEngineCoreOutput
 from vllm_omni.outputs.output_processor import MultimodalOutputProcessor
 
-from tests.conftest import REPO_ROOT, benchmark_script
+from tests.conftest import REPO_ROOT, benchmark_script, speak_offline
 from vllm_omni_kani.benchmarks.variants import derive
 from vllm_omni_kani.core.sched.stage0_scheduler import (
     DEFAULT_OUTPUT_EVERY_STEPS,
@@ -226,21 +223,8 @@ def test_without_async_chunk_the_pipeline_speaks_what_it_speaks_with_it(tiny_par
     sync_yaml = derive(REPO_ROOT / "stage_configs/kani_tts_cpu.yaml", tmp_path / "sync.yaml", ["async_chunk=false"])
     audio = {}
     for name, yaml in (("sync", sync_yaml), ("async", REPO_ROOT / "stage_configs/kani_tts_cpu.yaml")):
-        args = ["--model", str(tiny_parallel), "--deploy-config", str(yaml), "--max-new-tokens", "30"]
-        args += ["--temperature", "0", "--out-dir", str(tmp_path / name)]
-        for text in texts:
-            args += ["--text", text]
-        out = subprocess.run(
-            [sys.executable, "examples/offline_inference/text_to_speech/kani_tts/end2end.py", *args],
-            capture_output=True,
-            text=True,
-            cwd=REPO_ROOT,
-            timeout=900,
-        )
-        assert out.returncode == 0, out.stderr[-3000:]
-        log = out.stdout + out.stderr
+        log, audio[name] = speak_offline(tiny_parallel, yaml, texts, tmp_path / name, max_new_tokens=30)
         assert re.search(r"Kani Stage-0 scheduler \(\w+\): a running request's outputs every 8 steps", log), log[-3000:]
-        audio[name] = [sf.read(tmp_path / name / f"utterance_{i}.wav", dtype="int16")[0] for i in range(len(texts))]
     for sync, streamed in zip(audio["sync"], audio["async"], strict=True):
         assert sync.shape == streamed.shape and sync.shape[0] > 8 * SAMPLES_PER_FRAME
         assert np.abs(sync.astype(np.int32) - streamed).max() <= 1

@@ -55,7 +55,6 @@ def install(manager: KVCacheManager) -> bool:
     full_path = manager.allocate_slots
     max_model_len = manager.max_model_len
     empty = manager.empty_kv_cache_blocks
-    counts = {"fast": 0, "full": 0}
 
     def allocate_slots(
         request: Any,
@@ -89,9 +88,7 @@ def install(manager: KVCacheManager) -> bool:
                 if skipped > 0 and skipped // group.block_size > 0:
                     break  # blocks behind a window to free
             else:
-                counts["fast"] += 1
                 return empty
-        counts["full"] += 1
         return full_path(
             request,
             num_new_tokens,
@@ -106,7 +103,6 @@ def install(manager: KVCacheManager) -> bool:
             has_scheduled_reqs=has_scheduled_reqs,
         )
 
-    allocate_slots.counts = counts  # type: ignore[attr-defined]  # calls answered here / by vLLM, for tests
     manager.allocate_slots = allocate_slots  # type: ignore[method-assign]
     return True
 
