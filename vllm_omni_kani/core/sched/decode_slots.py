@@ -84,9 +84,8 @@ def install(manager: KVCacheManager) -> bool:
                 blocks = group.req_to_blocks.get(rid)
                 if not blocks or len(blocks) * group.block_size < needed or rid in group._partial_hit_reqs:
                     break  # a new block (or a copy) to allocate
-                skipped = group.get_num_skipped_tokens(processed)
-                if skipped > 0 and skipped // group.block_size > 0:
-                    break  # blocks behind a window to free
+                if group.get_num_skipped_tokens(processed) >= group.block_size:
+                    break  # a whole block behind a window to free
             else:
                 return empty
         return full_path(
