@@ -115,6 +115,20 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
+# served_env LABEL "KEY=VALUE ..." LIMIT_S: the shipped file served (250 frames at 64 and 256 streams) with those
+# variables in every server process, then audio vs frames and step rates; packed as LABEL.
+served_env() {
+  checkpoints
+  (
+    for kv in $2; do export "${kv?}"; done
+    serve_sweeps 0 "$1" "$CK/par" stage_configs/kani_tts.yaml "$3" 250:64,256
+  )
+  cleanup
+  frames_check "$1"
+  step_rates
+  pack "$1"
+}
+
 for phase in "$@"; do
   case $phase in
     codec)
@@ -438,27 +452,12 @@ for phase in "$@"; do
     servedenv)
       # `served` with SERVED_ENV (space-separated KEY=VALUE, e.g. KANI_FAST_DECODE_SLOTS=0) in every server process:
       # a same-instance A/B of a switch; labelled SERVED_ENV_LABEL (default env).
-      checkpoints
-      label=${SERVED_ENV_LABEL:-env}
-      (
-        for kv in ${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}; do export "${kv?}"; done
-        serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256
-      )
-      cleanup
-      frames_check "$label"
-      step_rates
-      pack "$label" ;;
+      served_env "${SERVED_ENV_LABEL:-env}" "${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}" "${SERVED_ENV_LIMIT_S:-330}" ;;
     threads)
-      checkpoints
       # Every process of the server (API server, both engine cores) with OMP_NUM_THREADS=THREADS: torch's intra-op
       # pool at that size instead of one thread per core (vLLM's multiproc executor does the same for its workers;
       # a one-GPU stage runs its worker in the engine core, which keeps the full pool).
-      OMP_NUM_THREADS=${THREADS:-1} serve_sweeps 0 "threads-${THREADS:-1}" "$CK/par" stage_configs/kani_tts.yaml \
-        "${THREADS_LIMIT_S:-330}" 250:64,256
-      cleanup
-      frames_check "threads-${THREADS:-1}"
-      step_rates
-      pack threads ;;
+      served_env "threads-${THREADS:-1}" "OMP_NUM_THREADS=${THREADS:-1}" "${THREADS_LIMIT_S:-330}" ;;
     capture)
       checkpoints
       max=${CAPTURE_MAX:-512}
