@@ -126,6 +126,12 @@ def benchmark_script(name: str) -> ModuleType:
     return module
 
 
+def run_benchmark_script(name: str, *args: object) -> str:
+    """``benchmarks/NAME.py ARGS...`` in a fresh interpreter, as a user runs it; it must exit 0. Its stdout."""
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / f"{name}.py"), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``code`` in a fresh interpreter (the plugin's patches apply per process), which must exit 0; ``env`` is added
     to this process's environment."""

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.conftest import REPO_ROOT, benchmark_script
+from tests.conftest import REPO_ROOT, benchmark_script, run_benchmark_script
 
 RUN = REPO_ROOT / "benchmarks" / "results" / "h200-thirteenth" / "instance-1" / "1-served" / "shipped-f250.json"
 bench_waves = benchmark_script("bench_waves")
@@ -27,10 +25,5 @@ def test_each_level_splits_into_waves_of_its_streams():
 
 
 def test_the_script_prints_one_table_row_per_wave():
-    out = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "bench_waves.py"), str(RUN)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = run_benchmark_script("bench_waves", RUN)
     assert out.count("\n| 64 |") == 2 and out.count("\n| 256 |") == 2, out

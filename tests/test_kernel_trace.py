@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import REPO_ROOT, benchmark_script
+from tests.conftest import REPO_ROOT, benchmark_script, run_benchmark_script
 from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S, KERNEL_TRACE_DEFAULT_S
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import POLL_S, TRIGGER, KernelTrace
 
@@ -104,10 +104,5 @@ def test_each_process_writes_its_own_trace_and_the_summary_reads_them_all(tmp_pa
     assert counts == [3 + i for i in range(workers)]
     every = summary["all"]
     assert 0 < every["union_ms"] <= every["sum_ms"] and every["union_ms"] <= every["window_ms"]
-    out = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "kernel_share.py"), str(tmp_path), "--cat", "cpu_op"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = run_benchmark_script("kernel_share", tmp_path, "--cat", "cpu_op")
     assert out.count("| stage0-") == workers and "all traces: window" in out

@@ -3,27 +3,15 @@ py-spy record and GPU utilisation committed under ``benchmarks/results/h200-elev
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_benchmark_script
 
 PROFILE = REPO_ROOT / "benchmarks" / "results" / "h200-eleventh" / "instance-2" / "profile"
 
 
 def test_the_committed_profile_gives_the_documented_table():
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "benchmarks" / "stage0_step_table.py"),
-            str(PROFILE / "idle-978.txt.gz"),
-            "--gpu-util",
-            str(PROFILE / "gpu-util-shipped.csv"),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = run_benchmark_script(
+        "stage0_step_table", PROFILE / "idle-978.txt.gz", "--gpu-util", PROFILE / "gpu-util-shipped.csv"
+    )
     assert "GPU busy 59.9% while loaded; 9 samples at 0% after the load: 450 idle samples dropped" in out
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[2].rstrip(" |") for line in out.splitlines()[3:]}
     documented = {
@@ -48,12 +36,7 @@ def test_a_record_with_thread_roots_reads_the_main_thread_only(tmp_path):
         f"{main};_to_list (vllm/v1/worker/gpu_model_runner.py:1) 1\n"
         "thread (11): Thread-2 (recv_loop);_bootstrap (threading.py:1);recv_loop (base.py:1) 50\n"
     )
-    out = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "stage0_step_table.py"), str(raw)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = run_benchmark_script("stage0_step_table", raw)
     assert "| scheduler `schedule` | 3 | 75.0% |" in out
     assert "| waiting for the GPU in `_to_list` | 1 | 25.0% |" in out
     assert "other" not in out
