@@ -77,14 +77,27 @@ def snr_db(audio: torch.Tensor, reference: torch.Tensor) -> float | None:
 
 @torch.inference_mode()
 def stream_snr(
-    preset: str, device: str, precision: str, activations: str, rows: int, frames: int, channels_last_below: int | None
+    preset: str,
+    device: str,
+    precision: str,
+    activations: str,
+    rows: int,
+    frames: int,
+    channels_last_below: int | None,
+    between_convs: bool | None,
 ) -> float | None:
     reference = build(preset, device, "fp32")
     decoder = build(preset, device, precision, activations)
     gen = torch.Generator().manual_seed(1)
     codes = torch.randint(0, decoder.config.codebook_size, (rows, frames, 4), generator=gen)
     full = reference(codes.to(device))
-    codec = StreamingCodec(decoder, num_slots=rows, scratch_rows=rows, channels_last_below=channels_last_below)
+    codec = StreamingCodec(
+        decoder,
+        num_slots=rows,
+        scratch_rows=rows,
+        channels_last_below=channels_last_below,
+        fuse_between_convs=between_convs,
+    )
     streams = CodecStreams(codec, max_piece_frames=64)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
     start = 0
@@ -117,6 +130,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
             num_slots=batch,
             scratch_rows=args.max_graph_batch if planned else slice_rows,
             channels_last_below=args.channels_last_below,
+            fuse_between_convs=args.between_convs,
         )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
@@ -136,6 +150,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         "replays_per_step": len(graphs.slices(batch, frames)) if mode == "stateful" and cuda else None,
         "precision": decoder.precision,
         "activations": "fused" if decoder.fused_activations else "eager",
+        "between_convs": codec.between_fused if mode == "stateful" else None,
         "batch": batch,
         "new_frames": new,
         "decoded_frames_per_row": frames,
@@ -176,16 +191,30 @@ def main() -> None:
         help="stateful rows: capture the shipped batch buckets and split the rows by this plan (default: one bucket "
         "of min(batch, --max-graph-batch) rows, full slices)",
     )
+    parser.add_argument(
+        "--between-convs",
+        choices=("on", "off"),
+        default=None,
+        help="stateful codec: the between-conv Triton kernels (nanocodec/between_convs.py; default: where they run)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the JSON's name")
     parser.add_argument("--out", type=Path, default=None, help="write codec-streaming{TAG}.json here")
     args = parser.parse_args()
+    args.between_convs = None if args.between_convs is None else args.between_convs == "on"
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
     configs = [(p, a) for p in args.precisions for a in args.activations]
     for precision, acts in configs:
         key = f"{precision}/{acts}"
         snr[key] = stream_snr(
-            args.preset, args.device, precision, acts, args.snr_rows, args.snr_frames, args.channels_last_below
+            args.preset,
+            args.device,
+            precision,
+            acts,
+            args.snr_rows,
+            args.snr_frames,
+            args.channels_last_below,
+            args.between_convs,
         )
         print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
         decoder = build(args.preset, args.device, precision, acts)
@@ -219,6 +248,7 @@ def main() -> None:
             "torch": torch.__version__,
             "preset": args.preset,
             "channels_last_below": args.channels_last_below,
+            "between_convs": args.between_convs,
             "snr_db_vs_fp32": snr,
             "snr_frames": args.snr_frames,
             "rows": rows,

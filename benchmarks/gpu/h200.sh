@@ -104,6 +104,9 @@
 #            (benchmarks/chunk_waits.py); the sync makes its frames/s no reference
 #   servedalt  `served` with the package from a carried .devsrc/alt.tar (.devsrc/alt-commit says what it is, e.g.
 #            HEAD with one change reverted): a same-instance A/B of code rather than of the YAML; send beside `served`
+#   betweencodec  the codec's between-conv kernels: CUDA-only tests, the codec alone with them off and on
+#   betweenoff  the shipped YAML with the codec's between-conv kernels off (codec_fused_between_convs: false): their
+#            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
 source "$(dirname "$0")/lib.sh"
@@ -265,6 +268,29 @@ for phase in "$@"; do
         tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py \
         -k "graph or fused or kernel or one_copy or cuda or channels_last"
       pack codectests ;;
+    betweencodec)
+      # The between-conv kernels (nanocodec/between_convs.py): the codec's CUDA-only tests, then the codec alone
+      # (350m preset, TF32, fused half-snakes, the shipped replay plan) with the kernels off and on.
+      device_info
+      step cuda-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_codec_between_convs.py \
+        tests/test_codec_fused.py tests/test_codec_streaming.py tests/test_codec_graphs.py \
+        -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
+      for side in off on; do
+        step "codec-streaming-between-$side" 240 python3 benchmarks/bench_codec_streaming.py --device cuda \
+          --batches 64 256 --chunks 16 64 --precisions tf32 --activations fused --replay-plan cheapest \
+          --between-convs "$side" --out "$R" --tag="-between-$side"
+      done
+      pack betweencodec ;;
+    betweenoff)
+      # The shipped YAML with the codec's between-conv kernels off (cuDNN's bias adds and transposed convs, PyTorch's
+      # residual adds and layout copies): their served A/B; send beside `served`.
+      checkpoints
+      variant kani_tts_between_off stages.1.additional_config.codec_fused_between_convs=false
+      serve_sweeps 0 between-off "$CK/par" stage_configs/kani_tts_between_off.yaml 450 250:64,256
+      cleanup
+      frames_check between-off
+      step_rates
+      pack betweenoff ;;
     channelmajor)
       checkpoints
       variant kani_tts_channel_major stages.1.additional_config.codec_channels_last_below=0

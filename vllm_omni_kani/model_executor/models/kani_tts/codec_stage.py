@@ -9,7 +9,8 @@ samples. Two ways to decode it:
   preallocated pool (``codec_streams.py``), so a chunk decodes only its new frames. Slots are freed
   with a stream's last chunk, or when vLLM reports the request finished or aborted. On CUDA the narrow
   residual layers run channels-last (``nanocodec/streaming.py``; ``additional_config``
-  ``codec_channels_last_below``, 0 for none).
+  ``codec_channels_last_below``, 0 for none), and the work between the convs runs in Triton kernels
+  (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -170,11 +171,13 @@ class KaniNanoCodecForGeneration(nn.Module):
         slots = int(config.get("codec_state_slots", max(STATE_SLOTS_PER_SEQ * max_seqs, 1)))
         batches = [int(b) for b in config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)]
         below = config.get("codec_channels_last_below")
+        between = config.get("codec_fused_between_convs")  # default: on CUDA with Triton (nanocodec/between_convs.py)
         codec = StreamingCodec(
             self.decoder,
             num_slots=slots,
             scratch_rows=max(batches, default=1),
             channels_last_below=None if below is None else int(below),
+            fuse_between_convs=None if between is None else bool(between),
         )
         logger.info(
             "Kani codec stage: stateful streams, %d state slots of %.1f KiB, residual layers %s channels-last",
@@ -217,9 +220,10 @@ class KaniNanoCodecForGeneration(nn.Module):
         if self.streams is not None:
             self.streams.codec.refresh()  # the channels-last convs' padded weights, from the loaded ones
         logger.info(
-            "Kani codec stage: %s convs, %s half-snakes",
+            "Kani codec stage: %s convs, %s half-snakes, between-conv kernels %s",
             precision,
             "fused (Triton)" if self.decoder.fused_activations else "eager",
+            "on" if self.streams is not None and self.streams.codec.between_fused else "off",
         )
         self._capture_graphs()
         return {name for name, _ in self.named_parameters()}

@@ -86,12 +86,13 @@ class HalfSnake(nn.Module):
         s = s + self.inv_alpha * torch.sin(self.alpha * s).pow(2)
         return torch.cat([s, F.leaky_relu(x[:, self.snake_channels :], LRELU_SLOPE)], dim=1)
 
-    def write(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        """``out.copy_(self(x))``, in one kernel when fused (``out`` may be a slice of a larger buffer)."""
+    def write(self, x: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """``out.copy_(self(x + bias))``, in one kernel when fused (``out`` may be a slice of a larger buffer;
+        ``bias``: ``[C]``, the preceding conv's, when that conv ran without it)."""
         if self.fused and fused.supports(x):
-            fused.half_snake_into(x, self.alpha, self.inv_alpha, LRELU_SLOPE, out)
+            fused.half_snake_into(x, self.alpha, self.inv_alpha, LRELU_SLOPE, out, bias)
         else:
-            out.copy_(self(x))
+            out.copy_(self(x if bias is None else x + bias.view(1, -1, 1)))
 
 
 class CausalConv(nn.Module):
@@ -107,9 +108,10 @@ class CausalConv(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.convolve(F.pad(x, (self.left_pad, 0)))
 
-    def convolve(self, x: torch.Tensor) -> torch.Tensor:
-        """Unpadded conv (``left_pad`` fewer outputs than inputs), in the weights' dtype, out in ``x``'s."""
-        y = F.conv1d(x.to(self.weight.dtype), self.weight, self.bias, dilation=self.dilation)
+    def convolve(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        """Unpadded conv (``left_pad`` fewer outputs than inputs), in the weights' dtype, out in ``x``'s;
+        ``with_bias=False`` leaves the bias to the caller (``streaming`` adds it in the kernel that follows)."""
+        y = F.conv1d(x.to(self.weight.dtype), self.weight, self.bias if with_bias else None, dilation=self.dilation)
         return y.to(x.dtype)
 
 

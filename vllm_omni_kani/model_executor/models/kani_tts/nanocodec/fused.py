@@ -11,6 +11,9 @@ The arithmetic is eager's, op for op in float32 (``s + inv_alpha * (sin(alpha * 
 them to a few ulps. Only float32 activations on CUDA are fused; everything else stays eager. Tensors whose channels
 are adjacent in memory (the codec's channels-last layers hand over ``[B, C, T]`` views of ``[B, T, C]``) take a
 second kernel that tiles time × channels, so its reads and writes stay coalesced.
+
+Both kernels can add a per-channel bias to ``x`` first: the stateful decoder runs its convs without their bias and
+has the activation that follows add it (``between_convs``), which saves cuDNN's separate broadcast add per conv.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ if triton is not None:
         out_ptr,
         alpha_ptr,
         inv_alpha_ptr,
+        bias_ptr,
         channels,
         snake_channels,
         length,
@@ -60,6 +64,7 @@ if triton is not None:
         sot,
         slope,
         BLOCK_T: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
     ):
         row = tl.program_id(0)
         b = (row // channels).to(tl.int64)
@@ -67,6 +72,8 @@ if triton is not None:
         t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         mask = t < length
         x = tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=mask, other=0.0)
+        if HAS_BIAS:
+            x = x + tl.load(bias_ptr + c)
         if c < snake_channels:
             alpha = tl.load(alpha_ptr + c)
             inv_alpha = tl.load(inv_alpha_ptr + c)
@@ -82,6 +89,7 @@ if triton is not None:
         out_ptr,
         alpha_ptr,
         inv_alpha_ptr,
+        bias_ptr,
         channels,
         snake_channels,
         length,
@@ -92,12 +100,15 @@ if triton is not None:
         slope,
         BLOCK_T: tl.constexpr,
         BLOCK_C: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         t = (tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
         c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
         mask = (t < length) & (c < channels)[None, :]
         x = tl.load(x_ptr + b * sxb + t * sxt + c[None, :], mask=mask, other=0.0)
+        if HAS_BIAS:
+            x = x + tl.load(bias_ptr + c, mask=c < channels, other=0.0)[None, :]
         snake = c < snake_channels
         alpha = tl.load(alpha_ptr + c, mask=snake, other=0.0)
         inv_alpha = tl.load(inv_alpha_ptr + c, mask=snake, other=0.0)
@@ -107,14 +118,22 @@ if triton is not None:
 
 
 def half_snake_into(
-    x: torch.Tensor, alpha: torch.Tensor, inv_alpha: torch.Tensor, slope: float, out: torch.Tensor
+    x: torch.Tensor,
+    alpha: torch.Tensor,
+    inv_alpha: torch.Tensor,
+    slope: float,
+    out: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Write half-snake(``x``) into ``out`` (same shape, any strides); snake on the first ``alpha.numel()``
-    channels, leaky ReLU with ``slope`` on the rest. Returns ``out``."""
+    """Write half-snake(``x`` + ``bias``) into ``out`` (same shape, any strides); snake on the first
+    ``alpha.numel()`` channels, leaky ReLU with ``slope`` on the rest. ``bias``: float32 ``[C]`` or None.
+    Returns ``out``."""
     if not supports(x) or out.dtype != torch.float32 or out.shape != x.shape:
         raise ValueError(
             f"fused half-snake needs float32 CUDA [B, C, T] tensors of one shape; got {x.shape} {out.shape}"
         )
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (x.shape[1],) or not bias.is_contiguous()):
+        raise ValueError(f"the bias must be a contiguous float32 [{x.shape[1]}] tensor; got {bias.dtype} {bias.shape}")
     batch, channels, length = x.shape
     if batch * channels == 0 or length == 0:
         return out
@@ -127,6 +146,7 @@ def half_snake_into(
             out,
             alpha,
             inv_alpha,
+            alpha if bias is None else bias,
             channels,
             alpha.numel(),
             length,
@@ -137,6 +157,7 @@ def half_snake_into(
             slope,
             BLOCK_T=BLOCK_T_CL,
             BLOCK_C=block_c,
+            HAS_BIAS=bias is not None,
         )
         return out
     grid = (batch * channels, triton.cdiv(length, BLOCK))
@@ -145,6 +166,7 @@ def half_snake_into(
         out,
         alpha,
         inv_alpha,
+        alpha if bias is None else bias,
         channels,
         alpha.numel(),
         length,
@@ -152,5 +174,6 @@ def half_snake_into(
         *out.stride(),
         slope,
         BLOCK_T=BLOCK,
+        HAS_BIAS=bias is not None,
     )
     return out

@@ -18,6 +18,12 @@ channel-major conv1d (``benchmarks/codec_layers.py``, docs/BENCHMARKS.md); those
 So residual layers narrower than ``channels_last_below`` keep their activations and states as ``[B, T, C_padded]``:
 the padded channels hold zeros throughout (zero weights and bias in, half-snake(0) = 0), and the layer's input and
 output are converted once each. CPUs keep every layer channel-major unless asked.
+
+**Between the convs (CUDA, float32).** With ``fuse_between_convs`` the convs run without their bias, and Triton
+kernels (``between_convs``) do the rest: the input conv's bias goes into the half-snake after it, the skip conv's
+bias and the residual add are one pass (with the branch mean on the layer's last unit, written channel-major for
+the next up-sampler), and each up-sampler's grouped transposed conv writes the next layer's layout directly, so the
+layout copies and cuDNN's separate bias adds and direct dgrad kernels go.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import between_convs
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
     CausalConv,
     CausalUpsample,
@@ -64,6 +71,7 @@ class StreamingCodec:
         num_slots: int,
         scratch_rows: int = 64,
         channels_last_below: int | None = None,
+        fuse_between_convs: bool | None = None,
     ) -> None:
         if num_slots < 1 or scratch_rows < 1:
             raise ValueError(f"num_slots ({num_slots}) and scratch_rows ({scratch_rows}) must be positive")
@@ -74,6 +82,11 @@ class StreamingCodec:
             channels_last_below = CHANNELS_LAST_BELOW if decoder.device.type == "cuda" else 0
         # Residual layers (by index) that run channels-last, and the padded width of each of their convs.
         self.channels_last_layers = {i for i, c in enumerate(decoder.config.stage_channels) if c < channels_last_below}
+        # The between-conv kernels (module docstring); they apply only while the decoder's activations are fused
+        # and its weights float32 (``between_fused``). Default: wherever they can run.
+        if fuse_between_convs is None:
+            fuse_between_convs = decoder.device.type == "cuda" and between_convs.available()
+        self.fuse_between_convs = bool(fuse_between_convs)
         self._padded: dict[int, int] = {
             id(m): padded_channels(m.weight.shape[1])
             for i in self.channels_last_layers
@@ -119,6 +132,19 @@ class StreamingCodec:
             bias = module.bias.new_zeros(width)
             bias[:out_channels] = module.bias
             self._weights_2d[id(module)] = (weight.contiguous(memory_format=torch.channels_last), bias)
+
+    @property
+    def between_fused(self) -> bool:
+        """Whether a step now runs the between-conv kernels: asked for, activations fused (the input conv's bias
+        rides on the half-snake kernel), float32 weights and activations on CUDA."""
+        d = self.decoder
+        return (
+            self.fuse_between_convs
+            and d.fused_activations
+            and d.device.type == "cuda"
+            and d.dtype == torch.float32
+            and d.pre_conv.weight.dtype == torch.float32
+        )
 
     @staticmethod
     def context(module: CausalConv | CausalUpsample) -> int:
@@ -197,6 +223,7 @@ class StreamingCodec:
         if self._unzeroed and not (d.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
             self.zero_acquired()
         self._spans.clear()
+        between = self.between_fused
         try:
             with cudnn_tf32(d.allow_tf32):
                 x = self._conv(d.pre_conv, d.dequantize(codes).to(d.dtype), lengths, slots)
@@ -205,15 +232,22 @@ class StreamingCodec:
                 for i, (act, up, res) in enumerate(
                     zip(d.activations, d.up_sample_conv_layers, d.res_layers, strict=True)
                 ):
-                    x = self._upsample(up, act, x, at_rate, slots)
+                    channels, channels_last = up.bias.shape[0], i in self.channels_last_layers
+                    padded = padded_channels(channels) if channels_last else None
+                    if between:
+                        x = self._upsample_fused(up, act, x, at_rate, slots, padded)
+                    else:
+                        x = self._upsample(up, act, x, at_rate, slots)
                     rate, at_rate = rate * up.rate, at_rate * up.rate
-                    channels, channels_last = x.shape[1], i in self.channels_last_layers
                     mark(f"upsample {i} (x{up.rate}, {channels} ch)")
-                    if channels_last:
-                        x = to_channels_last(x, padded_channels(channels))
-                    x = self._residual_layer(res, x, at_rate, slots)
-                    if channels_last:
-                        x = x[..., :channels].transpose(1, 2).contiguous()
+                    if between:
+                        x = self._residual_layer_fused(res, x, at_rate, slots, channels, channels_last)
+                    else:
+                        if channels_last:
+                            x = to_channels_last(x, padded)
+                        x = self._residual_layer(res, x, at_rate, slots)
+                        if channels_last:
+                            x = x[..., :channels].transpose(1, 2).contiguous()
                     mark(f"residual layer {i} ({channels} ch, {rate} samples/frame)")
                 x = self._conv(d.post_conv, x, at_rate, slots, d.post_activation)
                 mark("post_conv")
@@ -239,9 +273,11 @@ class StreamingCodec:
         slots: torch.Tensor,
         act: HalfSnake | None = None,
         time_dim: int = 2,
+        act_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``[state | act(x)]`` along ``time_dim``, after saving each row's last ``context`` valid inputs as its new
-        state (``time_dim`` 2: ``[B, C, T]``; 1: channels-last ``[B, T, C]``).
+        """``[state | act(x + act_bias)]`` along ``time_dim``, after saving each row's last ``context`` valid inputs
+        as its new state (``time_dim`` 2: ``[B, C, T]``; 1: channels-last ``[B, T, C]``). ``act_bias`` (with
+        ``act``): the bias of the conv that produced ``x`` without it.
 
         The activation writes straight into the joined buffer (one fused kernel on CUDA), so the conv input is
         assembled without a ``cat`` of a separately materialised activation.
@@ -256,9 +292,9 @@ class StreamingCodec:
         if act is None:
             new.copy_(x)
         elif time_dim == 2:
-            act.write(x, new)
+            act.write(x, new, act_bias)
         else:  # the activation works on [B, C, T] views
-            act.write(x.transpose(1, 2), new.transpose(1, 2))
+            act.write(x.transpose(1, 2), new.transpose(1, 2), act_bias)
         # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
         span = self._span(lengths, context)
         if time_dim == 2:
@@ -275,16 +311,28 @@ class StreamingCodec:
         lengths: torch.Tensor,
         slots: torch.Tensor,
         act: HalfSnake | None = None,
+        with_bias: bool = True,
+        act_bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``conv(act(x))`` with the stream states: ``[B, C, T]`` in and out, or ``[B, T, C_padded]`` for a conv of a
-        channels-last layer (one 2-D conv over the joined ``[B, T', C_padded]``)."""
+        """``conv(act(x + act_bias))`` with the stream states: ``[B, C, T]`` in and out, or ``[B, T, C_padded]`` for a
+        conv of a channels-last layer (one 2-D conv over the joined ``[B, T', C_padded]``); ``with_bias=False``
+        leaves the conv's bias (:meth:`conv_bias`) to the caller."""
         if id(conv) not in self._padded:
-            return conv.convolve(self._with_state(conv, x, lengths, slots, act))
-        joined = self._with_state(conv, x, lengths, slots, act, time_dim=1)
+            return conv.convolve(self._with_state(conv, x, lengths, slots, act, act_bias=act_bias), with_bias)
+        joined = self._with_state(conv, x, lengths, slots, act, time_dim=1, act_bias=act_bias)
         weight, bias = self._weights_2d[id(conv)]
         # [B, T', C] contiguous is [B, C, 1, T'] in channels-last: no copy on the way in or out.
-        y = F.conv2d(joined.transpose(1, 2).unsqueeze(2).to(weight.dtype), weight, bias, dilation=(1, conv.dilation))
+        y = F.conv2d(
+            joined.transpose(1, 2).unsqueeze(2).to(weight.dtype),
+            weight,
+            bias if with_bias else None,
+            dilation=(1, conv.dilation),
+        )
         return y.squeeze(2).transpose(1, 2).to(x.dtype)
+
+    def conv_bias(self, conv: CausalConv) -> torch.Tensor:
+        """A conv's bias as its output carries channels: padded for a channels-last conv."""
+        return self._weights_2d[id(conv)][1] if id(conv) in self._padded else conv.bias
 
     def _upsample(
         self, up: CausalUpsample, act: HalfSnake, x: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor
@@ -292,6 +340,71 @@ class StreamingCodec:
         # With the previous input prepended, output r·(i+1) + j is the one-shot output r·i + j: drop r at each end.
         y = up.transpose(self._with_state(up, x, lengths, slots, act))
         return y[..., up.rate : up.rate * (x.shape[-1] + 1)]
+
+    def _upsample_fused(
+        self,
+        up: CausalUpsample,
+        act: HalfSnake,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        padded: int | None,
+    ) -> torch.Tensor:
+        """:meth:`_upsample` in one kernel, out as the next layer takes it: ``[B, C, T·r]``, or channels-last
+        ``[B, T·r, padded]`` (padding zero) when ``padded`` is given."""
+        joined = self._with_state(up, x, lengths, slots, act)
+        batch, steps = x.shape[0], x.shape[-1] * up.rate
+        out = x.new_empty(batch, up.bias.shape[0], steps) if padded is None else x.new_empty(batch, steps, padded)
+        return between_convs.upsample_into(joined, up.weight, up.bias, up.rate, out, channel_major=padded is None)
+
+    def _residual_layer_fused(
+        self,
+        layer: ResidualLayer,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        channels: int,
+        channels_last: bool,
+    ) -> torch.Tensor:
+        """:meth:`_residual_layer` with every conv's bias, the residual adds and the branch mean in the
+        between-conv kernels; ``x`` as :meth:`_upsample_fused` returns it, out channel-major ``[B, C, T]``."""
+        channel_major = not channels_last
+        branches = layer.res_blocks
+        total = None
+        for i, branch in enumerate(branches):
+            y = x
+            for j, unit in enumerate(branch.res_blocks):
+                h = self._conv(unit.input_conv, y, lengths, slots, unit.input_activation, with_bias=False)
+                s = self._conv(
+                    unit.skip_conv,
+                    h,
+                    lengths,
+                    slots,
+                    unit.skip_activation,
+                    with_bias=False,
+                    act_bias=self.conv_bias(unit.input_conv),
+                )
+                bias = self.conv_bias(unit.skip_conv)
+                branch_end = j == len(branch.res_blocks) - 1
+                if not (branch_end and i == len(branches) - 1):
+                    y = between_convs.residual_into(y, s, bias, s, channel_major)  # in place of the conv output
+                    if branch_end:
+                        total = y if total is None else total + y
+                else:  # the layer's last unit: the branch mean, written channel-major without the padding
+                    steps = y.shape[2] if channel_major else y.shape[1]
+                    out = y.new_empty(y.shape[0], channels, steps)
+                    between_convs.residual_into(
+                        y,
+                        s,
+                        bias,
+                        out if channel_major else out.transpose(1, 2),
+                        channel_major,
+                        total=total,  # None for a one-branch layer, whose mean is itself
+                        divisor=len(branches),
+                        channels=channels,
+                    )
+                    return out
+        raise ValueError("a residual layer without units")
 
     def _residual_layer(
         self,

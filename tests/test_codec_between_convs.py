@@ -1,0 +1,164 @@
+"""The stateful decoder's between-conv kernels (Triton, CUDA) against the eager ops they replace.
+
+Each kernel does the eager float32 sums in eager's order, except the up-sampler, whose four multiply-adds per
+sample cuDNN sums in an order of its own: every kernel is held to a few float32 ulps of its eager counterpart, and a
+whole streamed decode with the kernels to the eager stream and to the one-shot decode at the stream tolerance.
+Off CUDA the switch changes nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_codec_streaming import STREAM_ATOL, codes, stream_all
+from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import between_convs, load_codec
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import CausalUpsample, HalfSnake
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
+
+F32_EPS = torch.finfo(torch.float32).eps
+# Elementwise float32 work in eager's order: a few ulps (libdevice's sin may differ by one); the up-sampler sums five
+# terms in another order than cuDNN.
+ULPS = 8
+
+cuda = pytest.mark.skipif(
+    not between_convs.available(), reason="the between-conv kernels need Triton and a CUDA device (CPU CI has none)"
+)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def ckpt(make_ckpt):
+    return make_ckpt("parallel")
+
+
+def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(*shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) * scale
+
+
+def assert_ulps(got: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor) -> None:
+    tol = ULPS * F32_EPS * magnitude.clamp_min(1.0)
+    bad = (got - expected).abs() > tol
+    assert not bad.any(), f"{int(bad.sum())} values off by up to {float((got - expected).abs().max()):.3g}"
+
+
+def test_cpu_decoder_keeps_the_eager_path(ckpt):
+    """On CPU the kernels do not apply, asked for or not: the same ops, the same audio bit for bit."""
+    decoder = load_codec(ckpt).set_fused_activations(True)
+    utterances = {"a": codes(23, 1), "b": codes(9, 2)}
+    asked = StreamingCodec(decoder, num_slots=2, fuse_between_convs=True)
+    assert asked.fuse_between_convs and not asked.between_fused
+    assert not StreamingCodec(decoder, num_slots=2).fuse_between_convs  # the CPU default
+    plain = StreamingCodec(decoder, num_slots=2, fuse_between_convs=False)
+    a = stream_all(CodecStreams(asked, max_piece_frames=16), utterances, (1, 4, 16), seed=3)
+    b = stream_all(CodecStreams(plain, max_piece_frames=16), utterances, (1, 4, 16), seed=3)
+    for rid in utterances:
+        assert torch.equal(a[rid], b[rid])
+
+
+@cuda
+@pytest.mark.parametrize("rate", [2, 3, 6, 7])
+@pytest.mark.parametrize("padded", [None, 8, 40])  # channel-major out, or channels-last with zero padding
+def test_upsample_kernel_equals_transposed_conv(rate, padded):
+    channels = 5 if padded != 40 else 27
+    up = CausalUpsample(2 * channels, rate).cuda()
+    with torch.no_grad():
+        up.weight.copy_(randn(*up.weight.shape, seed=rate))
+        up.bias.copy_(randn(*up.bias.shape, seed=rate + 1))
+    steps = 37
+    # The joined [state | new] input as the decoder hands it: a slice of a wider buffer.
+    wide = randn(3, 2 * channels, steps + 4, seed=7, scale=3)
+    joined = wide[..., 2 : 3 + steps]
+    expected = up.transpose(joined)[..., rate : rate * (steps + 1)]
+    if padded is None:
+        out = torch.full((3, channels, steps * rate), float("nan"), device="cuda")
+        got = between_convs.upsample_into(joined, up.weight, up.bias, rate, out, channel_major=True)
+    else:
+        out = torch.full((3, steps * rate, padded), float("nan"), device="cuda")
+        between_convs.upsample_into(joined, up.weight, up.bias, rate, out, channel_major=False)
+        assert torch.equal(out[..., channels:], torch.zeros_like(out[..., channels:])), "padding must be zero"
+        got = out[..., :channels].transpose(1, 2)
+    magnitude = up.bias.abs().max() + 4 * joined.abs().max() * up.weight.abs().max()
+    assert_ulps(got, expected, magnitude.expand_as(expected))
+
+
+@cuda
+@pytest.mark.parametrize("channel_major", [True, False])
+def test_residual_kernel_equals_eager(channel_major):
+    batch, channels, steps, width = 3, 27, 301, 32
+    shape = (batch, channels, steps) if channel_major else (batch, steps, width)
+    y, s, total = (randn(*shape, seed=i, scale=2) for i in (1, 2, 3))
+    bias = randn(channels if channel_major else width, seed=4)
+    view = bias.view(1, -1, 1) if channel_major else bias.view(1, 1, -1)
+    # A residual add in place of the conv output.
+    expected = y + (s + view)
+    got = between_convs.residual_into(y, s.clone(), bias, torch.empty_like(s), channel_major)
+    assert_ulps(got, expected, expected.abs())
+    # The layer's last unit: the branch mean, into channel-major memory without the padding.
+    mean = (total + (y + (s + view))) / 3
+    out = torch.full((batch, channels, steps), float("nan"), device="cuda")
+    between_convs.residual_into(
+        y,
+        s,
+        bias,
+        out if channel_major else out.transpose(1, 2),
+        channel_major,
+        total=total,
+        divisor=3,
+        channels=channels,
+    )
+    want = mean if channel_major else mean[..., :channels].transpose(1, 2)
+    assert_ulps(out, want, want.abs())
+
+
+@cuda
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_half_snake_with_bias_equals_eager(channels_last):
+    channels = 27
+    snake = HalfSnake(channels).cuda()
+    with torch.no_grad():
+        snake.alpha.copy_(torch.rand(snake.alpha.shape, generator=torch.Generator().manual_seed(0)).cuda() * 3 + 0.05)
+    snake.refresh()
+    bias = randn(channels, seed=5)
+    memory = randn(2, 400, channels, seed=6, scale=3) if channels_last else randn(2, channels, 400, seed=6, scale=3)
+    x = memory.transpose(1, 2) if channels_last else memory
+    expected = snake(x + bias.view(1, -1, 1))
+    out = torch.empty_like(memory)
+    out = out.transpose(1, 2) if channels_last else out
+    snake.fused = True
+    snake.write(x, out, bias)
+    assert_ulps(out, expected, expected.abs())
+
+
+@cuda
+@pytest.mark.parametrize("channels_last_below", [None, 0], ids=["channels-last", "channel-major"])
+def test_stream_with_kernels_equals_eager_and_one_shot(ckpt, channels_last_below):
+    decoder = load_codec(ckpt, device="cuda").set_fused_activations(True)  # strict float32
+    utterances = {f"r{i}": codes(n, 50 + i) for i, n in enumerate((41, 7, 90, 1))}
+    runs = {}
+    for on in (False, True):
+        codec = StreamingCodec(decoder, num_slots=8, channels_last_below=channels_last_below, fuse_between_convs=on)
+        assert codec.between_fused == on
+        runs[on] = stream_all(CodecStreams(codec, max_piece_frames=24), utterances, (1, 3, 16, 64), seed=8)
+    for rid, utt in utterances.items():
+        torch.testing.assert_close(runs[True][rid], runs[False][rid], atol=STREAM_ATOL, rtol=0)
+        torch.testing.assert_close(runs[True][rid], decoder.decode(utt[None].cuda())[0], atol=STREAM_ATOL, rtol=0)
+
+
+@cuda
+def test_graphs_with_kernels_equal_eager(ckpt):
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
+
+    decoder = load_codec(ckpt, device="cuda").set_precision("tf32").set_fused_activations(True)
+    eager_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
+    graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
+    assert eager_codec.between_fused and graphed_codec.between_fused
+    graphs = StreamingGraphs(graphed_codec, batch_buckets=(1, 2, 4), frame_buckets=(1, 3, 8, 16))
+    assert graphs.capture() == 12
+    utterances = {f"r{i}": codes(n, 60 + i) for i, n in enumerate((37, 5, 20, 16, 9))}
+    a = stream_all(CodecStreams(eager_codec, max_piece_frames=16), utterances, (1, 3, 16, 20), seed=9)
+    b = stream_all(CodecStreams(graphed_codec, max_piece_frames=16, graphs=graphs), utterances, (1, 3, 16, 20), seed=9)
+    assert graphs.replays > 0
+    for rid in utterances:
+        torch.testing.assert_close(b[rid], a[rid], atol=STREAM_ATOL, rtol=0)
