@@ -150,7 +150,9 @@ def test_stream_with_kernels_equals_eager_and_one_shot(ckpt, channels_last_below
 def test_graphs_with_kernels_equal_eager(ckpt):
     from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
 
-    decoder = load_codec(ckpt, device="cuda").set_precision("tf32").set_fused_activations(True)
+    # Strict float32: in TF32 a padded graph bucket and an eager batch of another size pick different conv kernels,
+    # which differ by ~5e-4 whatever runs between the convs.
+    decoder = load_codec(ckpt, device="cuda").set_fused_activations(True)
     eager_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
     graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
     assert eager_codec.between_fused and graphed_codec.between_fused
