@@ -12,7 +12,6 @@ when the request was aborted (vLLM-Omni does not call the producer for aborted r
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Mapping
@@ -36,9 +35,11 @@ from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
 logger = logging.getLogger(__name__)
 
 _STATE_KEY = "kani_tts"
-# Sweep aborted requests' state once every this many producer calls (amortised O(1) per call).
+# Sweep aborted requests' state once every this many producer calls at least, and never more often than once per
+# held state: a sweep walks every state, so at 256 streams a sweep every 64 calls cost 4 checks per call (11% of the
+# connector thread's GIL time, served profile, docs/BENCHMARKS.md); this way it is amortised O(1) per call.
 _SWEEP_EVERY = 64
-_calls = itertools.count()
+_since_sweep = 0
 # Finish states after which vLLM-Omni makes no terminal producer call, so only the sweep can free the state.
 _ENDED_WITHOUT_TERMINAL_CALL = frozenset(
     {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED}
@@ -101,7 +102,10 @@ def _async_chunk(
 ) -> OmniPayloadStruct | None:
     ext_id = request.external_req_id
     payloads: dict[str, Any] = transfer_manager.request_payload
-    if next(_calls) % _SWEEP_EVERY == 0:
+    global _since_sweep
+    _since_sweep += 1
+    if _since_sweep >= max(_SWEEP_EVERY, len(payloads)):
+        _since_sweep = 0
         _sweep_aborted(payloads, keep=ext_id)
     entry = payloads.setdefault(ext_id, {})
     if _STATE_KEY not in entry:
