@@ -28,11 +28,6 @@ cuda = pytest.mark.skipif(
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def ckpt(make_ckpt):
-    return make_ckpt("parallel")
-
-
 def randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     return torch.randn(*shape, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)) * scale
 
@@ -43,9 +38,9 @@ def assert_ulps(got: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tens
     assert not bad.any(), f"{int(bad.sum())} values off by up to {float((got - expected).abs().max()):.3g}"
 
 
-def test_cpu_decoder_keeps_the_eager_path(ckpt):
+def test_cpu_decoder_keeps_the_eager_path(tiny_parallel):
     """On CPU the kernels do not apply, asked for or not: the same ops, the same audio bit for bit."""
-    decoder = load_codec(ckpt).set_fused_activations(True)
+    decoder = load_codec(tiny_parallel).set_fused_activations(True)
     utterances = {"a": codes(23, 1), "b": codes(9, 2)}
     asked = StreamingCodec(decoder, num_slots=2, fuse_between_convs=True)
     assert asked.fuse_between_convs and not asked.between_fused
@@ -133,8 +128,8 @@ def test_half_snake_with_bias_equals_eager(channels_last):
 
 @cuda
 @pytest.mark.parametrize("channels_last_below", [None, 0], ids=["channels-last", "channel-major"])
-def test_stream_with_kernels_equals_eager_and_one_shot(ckpt, channels_last_below):
-    decoder = load_codec(ckpt, device="cuda").set_fused_activations(True)  # strict float32
+def test_stream_with_kernels_equals_eager_and_one_shot(tiny_parallel, channels_last_below):
+    decoder = load_codec(tiny_parallel, device="cuda").set_fused_activations(True)  # strict float32
     utterances = {f"r{i}": codes(n, 50 + i) for i, n in enumerate((41, 7, 90, 1))}
     runs = {}
     for on in (False, True):
@@ -147,12 +142,12 @@ def test_stream_with_kernels_equals_eager_and_one_shot(ckpt, channels_last_below
 
 
 @cuda
-def test_graphs_with_kernels_equal_eager(ckpt):
+def test_graphs_with_kernels_equal_eager(tiny_parallel):
     from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
 
     # Strict float32: in TF32 a padded graph bucket and an eager batch of another size pick different conv kernels,
     # which differ by ~5e-4 whatever runs between the convs.
-    decoder = load_codec(ckpt, device="cuda").set_fused_activations(True)
+    decoder = load_codec(tiny_parallel, device="cuda").set_fused_activations(True)
     eager_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
     graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
     assert eager_codec.between_fused and graphed_codec.between_fused

@@ -132,6 +132,22 @@ served_env() {
   pack "$1"
 }
 
+# served_variant PACK LABEL LIMIT_S CHANGE...: the shipped file with each CHANGE (dotted.key=value, see lib.sh's
+# variant) written as stage_configs/kani_tts_LABEL.yaml (dashes as underscores) and served (250 frames at 64 and 256
+# streams), then audio vs frames and step rates; packed as PACK.
+served_variant() {
+  local pack=$1 label=$2 limit=$3 yaml
+  shift 3
+  yaml="kani_tts_${label//-/_}"
+  checkpoints
+  variant "$yaml" "$@"
+  serve_sweeps 0 "$label" "$CK/par" "stage_configs/$yaml.yaml" "$limit" 250:64,256
+  cleanup
+  frames_check "$label"
+  step_rates
+  pack "$pack"
+}
+
 for phase in "$@"; do
   case $phase in
     codec)
@@ -284,21 +300,9 @@ for phase in "$@"; do
     betweenoff)
       # The shipped YAML with the codec's between-conv kernels off (cuDNN's bias adds and transposed convs, PyTorch's
       # residual adds and layout copies): their served A/B; send beside `served`.
-      checkpoints
-      variant kani_tts_between_off stages.1.additional_config.codec_fused_between_convs=false
-      serve_sweeps 0 between-off "$CK/par" stage_configs/kani_tts_between_off.yaml 450 250:64,256
-      cleanup
-      frames_check between-off
-      step_rates
-      pack betweenoff ;;
+      served_variant betweenoff between-off 450 stages.1.additional_config.codec_fused_between_convs=false ;;
     channelmajor)
-      checkpoints
-      variant kani_tts_channel_major stages.1.additional_config.codec_channels_last_below=0
-      serve_sweeps 0 channel-major "$CK/par" stage_configs/kani_tts_channel_major.yaml 330 250:64,256
-      cleanup
-      frames_check channel-major
-      step_rates
-      pack channelmajor ;;
+      served_variant channelmajor channel-major 330 stages.1.additional_config.codec_channels_last_below=0 ;;
     codeclayers)
       device_info
       for f in ${LAYER_FRAMES:-64}; do
@@ -435,13 +439,7 @@ for phase in "$@"; do
       memory_steps
       pack memory ;;
     roundup)
-      checkpoints
-      variant kani_tts_round_up stages.1.additional_config.codec_replay_plan=round_up
-      serve_sweeps 0 round-up "$CK/par" stage_configs/kani_tts_round_up.yaml 330 250:64,256
-      cleanup
-      frames_check round-up
-      step_rates
-      pack roundup ;;
+      served_variant roundup round-up 330 stages.1.additional_config.codec_replay_plan=round_up ;;
     servedalt)
       checkpoints
       alt_root || exit 2
@@ -459,22 +457,11 @@ for phase in "$@"; do
       gzip -kf "$R/serve-traced.log"
       pack servedtrace ;;
     stepbound)
-      checkpoints
       tag=step-max-${STEP_MAX_FRAMES:-1024}
-      variant "kani_tts_$tag" stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-1024}"
-      serve_sweeps 0 "$tag" "$CK/par" "stage_configs/kani_tts_$tag.yaml" 330 250:64,256
-      cleanup
-      frames_check "$tag"
-      step_rates
-      pack "$tag" ;;
+      served_variant "$tag" "$tag" 330 stages.1.additional_config.codec_step_max_frames="${STEP_MAX_FRAMES:-1024}" ;;
     alone)
-      checkpoints
-      variant kani_tts_alone "stages.1.additional_config.codec_first_chunks_alone=${ALONE:-false}"
-      serve_sweeps 0 alone "$CK/par" stage_configs/kani_tts_alone.yaml "${ALONE_LIMIT_S:-330}" 250:64,256
-      cleanup
-      frames_check alone
-      step_rates
-      pack alone ;;
+      served_variant alone alone "${ALONE_LIMIT_S:-330}" \
+        "stages.1.additional_config.codec_first_chunks_alone=${ALONE:-false}" ;;
     servedenv)
       # `served` with SERVED_ENV (space-separated KEY=VALUE, e.g. KANI_FAST_DECODE_SLOTS=0) in every server process:
       # a same-instance A/B of a switch; labelled SERVED_ENV_LABEL (default env).

@@ -47,6 +47,7 @@ def _btc_strides(x: torch.Tensor, channel_major: bool) -> tuple[int, int, int]:
 
 
 if triton is not None:
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.fused import tile_offsets
 
     @triton.jit
     def _residual_kernel(
@@ -74,9 +75,8 @@ if triton is not None:
         BLOCK_T: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
-        b = tl.program_id(0).to(tl.int64)
-        t = (tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
-        c = (tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
+        b, t, c = tile_offsets(BLOCK_T, BLOCK_C)
+        t, c = t[:, None], c[None, :]
         mask = (t < length) & (c < channels)
         y = tl.load(y_ptr + b * syb + t * syt + c * syc, mask=mask, other=0.0)
         s = tl.load(s_ptr + b * ssb + t * sst + c * ssc, mask=mask, other=0.0)
@@ -106,9 +106,8 @@ if triton is not None:
         BLOCK_T: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
-        b = tl.program_id(0).to(tl.int64)
-        o = (tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
-        c = (tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C))[None, :]
+        b, o, c = tile_offsets(BLOCK_T, BLOCK_C)
+        o, c = o[:, None], c[None, :]
         live = c < channels
         mask = (o < out_length) & live
         # Output o (after the leading ``rate`` are trimmed) takes input q+1 through tap m and input q through tap
@@ -128,8 +127,10 @@ if triton is not None:
         tl.store(out_ptr + b * sob + o * sot + c * soc, acc, mask=(o < out_length) & (c < out_channels))
 
 
-def _block_c(channels: int) -> int:
-    return min(triton.next_power_of_2(max(channels, 1)), MAX_BLOCK_C)
+def _tiles(batch: int, length: int, channels: int) -> tuple[tuple[int, int, int], int]:
+    """The launch grid of ``[BLOCK_T, block_c]`` tiles over ``[batch, length, channels]``, and ``block_c``."""
+    block_c = min(triton.next_power_of_2(max(channels, 1)), MAX_BLOCK_C)
+    return (batch, triton.cdiv(length, BLOCK_T), triton.cdiv(channels, block_c)), block_c
 
 
 def _check(*tensors: torch.Tensor) -> None:
@@ -162,8 +163,7 @@ def residual_into(
     if batch == 0 or length == 0 or width == 0:
         return out
     tot = s if total is None else total
-    block_c = _block_c(width)
-    grid = (batch, triton.cdiv(length, BLOCK_T), triton.cdiv(width, block_c))
+    grid, block_c = _tiles(batch, length, width)
     _residual_kernel[grid](
         y,
         s,
@@ -205,8 +205,7 @@ def upsample_into(
         raise ValueError(f"upsample output {tuple(out.shape)} does not hold {channels} x {out_length}")
     if batch == 0 or out_length == 0:
         return out
-    block_c = _block_c(out_channels)
-    grid = (batch, triton.cdiv(out_length, BLOCK_T), triton.cdiv(out_channels, block_c))
+    grid, block_c = _tiles(batch, out_length, out_channels)
     _upsample_kernel[grid](
         joined,
         weight,

@@ -47,6 +47,15 @@ def supports(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
+    def tile_offsets(BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+        """(batch, time offsets, channel offsets) of this program's ``[BLOCK_T, BLOCK_C]`` tile of a ``[B, T, C]``
+        grid ``(B, cdiv(T, BLOCK_T), cdiv(C, BLOCK_C))``; time as int64 (a row's samples pass 2**31 bytes)."""
+        b = tl.program_id(0).to(tl.int64)
+        t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        return b, t, c
+
+    @triton.jit
     def _half_snake_kernel(
         x_ptr,
         out_ptr,
@@ -102,9 +111,8 @@ if triton is not None:
         BLOCK_C: tl.constexpr,
         HAS_BIAS: tl.constexpr,
     ):
-        b = tl.program_id(0).to(tl.int64)
-        t = (tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]
-        c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+        b, t, c = tile_offsets(BLOCK_T, BLOCK_C)
+        t = t[:, None]
         mask = (t < length) & (c < channels)[None, :]
         x = tl.load(x_ptr + b * sxb + t * sxt + c[None, :], mask=mask, other=0.0)
         if HAS_BIAS:
