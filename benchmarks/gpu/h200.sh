@@ -132,6 +132,13 @@ served_env() {
   pack "$1"
 }
 
+# codec_cuda_tests: the codec's CUDA-only tests (the CPU CI skips them) into cuda-tests.log.
+codec_cuda_tests() {
+  step cuda-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
+    tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py tests/test_codec_between_convs.py \
+    tests/test_seeded_noise.py -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
+}
+
 # served_variant PACK LABEL LIMIT_S CHANGE...: the shipped file with each CHANGE (dotted.key=value, see lib.sh's
 # variant) written as stage_configs/kani_tts_LABEL.yaml (dashes as underscores) and served (250 frames at 64 and 256
 # streams), then audio vs frames and step rates; packed as PACK.
@@ -156,9 +163,7 @@ for phase in "$@"; do
       # shellcheck disable=SC2086
       step codec-streaming 420 python3 benchmarks/bench_codec_streaming.py --device cuda --batches 64 128 256 \
         --chunks 16 64 --precisions $PRECISIONS --out "$R"
-      step cuda-tests 150 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py tests/test_seeded_noise.py \
-        -k "graph or fused or kernel or one_copy or cuda"
+      codec_cuda_tests
       pack codec ;;
     shipped)
       checkpoints
@@ -280,17 +285,13 @@ for phase in "$@"; do
       done
       pack codecl ;;
     codectests)
-      step cuda-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
-        tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py \
-        -k "graph or fused or kernel or one_copy or cuda or channels_last"
+      codec_cuda_tests
       pack codectests ;;
     betweencodec)
       # The between-conv kernels (nanocodec/between_convs.py): the codec's CUDA-only tests, then the codec alone
       # (350m preset, TF32, fused half-snakes, the shipped replay plan) with the kernels off and on.
       device_info
-      step cuda-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_codec_between_convs.py \
-        tests/test_codec_fused.py tests/test_codec_streaming.py tests/test_codec_graphs.py \
-        -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
+      codec_cuda_tests
       for side in off on; do
         step "codec-streaming-between-$side" 240 python3 benchmarks/bench_codec_streaming.py --device cuda \
           --batches 64 256 --chunks 16 64 --precisions tf32 --activations fused --replay-plan cheapest \
