@@ -56,6 +56,8 @@
 #   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, on by default) A/B'd alone in 2-s windows on top of
 #            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
 #            audio vs frames
+#   abtopk   top-k/top-p over each row's top-k candidates (top_k_candidates, on by default): its device time against
+#            vLLM's kernel (benchmarks/bench_top_k.py), then A/B'd alone the way abcodebook1 is
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -151,6 +153,27 @@ served_variant() {
   serve_sweeps 0 "$label" "$CK/par" "stage_configs/$yaml.yaml" "$limit" 250:64,256
   cleanup
   frames_check "$label"
+  step_rates
+  pack "$pack"
+}
+
+# ab_patch PACK PATCH LABEL TEST...: one Stage-0 sampler patch alternating with vLLM's path in 2-s windows
+# (AB_PERIOD_S) on top of the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, then served (AB_SWEEPS,
+# default 64 and 256 streams of 250 frames) as LABEL-ab, the served step per side (ab_windows, ab-LABEL.json), every
+# request's audio against its frames, and the step rates; packed as PACK.
+ab_patch() {
+  local pack=$1 name=$2 label=$3
+  shift 3
+  checkpoints
+  step "$label-tests" 180 python3 -m pytest -q -p no:cacheprovider "$@"
+  export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PATCHES=$name KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
+  # shellcheck disable=SC2086
+  serve_sweeps 0 "$label-ab" "$CK/par" stage_configs/kani_tts.yaml 450 ${AB_SWEEPS:-250:64,256}
+  unset KANI_STAGE0_SAMPLER_PATCHES KANI_SAMPLER_AB_PATCHES KANI_SAMPLER_AB_PERIOD_S
+  cleanup
+  frames_check "$label-ab"
+  python3 benchmarks/ab_windows.py "$R/serve-$label-ab.log" --batches 64,256 --min-share 0.7 \
+    --json "$R/ab-$label.json" | tee "$R/ab-$label.md"
   step_rates
   pack "$pack"
 }
@@ -377,22 +400,14 @@ for phase in "$@"; do
         --json "$R/ab-served.json" | tee "$R/ab-served.md"
       pack abserved ;;
     abcodebook1)
-      # The seeded codebook-1 noise (codebook1_noise) alternating with vLLM's per-generator draws in 2-s windows, on
-      # top of the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, then served (AB_SWEEPS, default 64 and
-      # 256 streams of 250 frames), the served step per side, and every request's audio against its frames (the
-      # patch once lost frames to noise of exactly 0).
-      checkpoints
-      step codebook1-tests 180 python3 -m pytest -q -p no:cacheprovider tests/test_codebook1_noise.py
-      export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PATCHES=codebook1_noise
-      export KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
-      serve_sweeps 0 codebook1-ab "$CK/par" stage_configs/kani_tts.yaml 450 ${AB_SWEEPS:-250:64,256}
-      unset KANI_STAGE0_SAMPLER_PATCHES KANI_SAMPLER_AB_PATCHES KANI_SAMPLER_AB_PERIOD_S
-      cleanup
-      frames_check codebook1-ab
-      python3 benchmarks/ab_windows.py "$R/serve-codebook1-ab.log" --batches 64,256 --min-share 0.7 \
-        --json "$R/ab-codebook1.json" | tee "$R/ab-codebook1.md"
-      step_rates
-      pack abcodebook1 ;;
+      # The seeded codebook-1 noise (codebook1_noise) A/B'd alone (the patch once lost frames to noise of exactly 0).
+      ab_patch abcodebook1 codebook1_noise codebook1 tests/test_codebook1_noise.py ;;
+    abtopk)
+      # Top-k/top-p over each row's candidates (top_k_candidates): its device time against vLLM's kernel alone
+      # (benchmarks/bench_top_k.py), then A/B'd alone in the served engine.
+      device_info
+      step bench-top-k 120 python3 benchmarks/bench_top_k.py --rows 64 256 --out "$R"
+      ab_patch abtopk top_k_candidates top-k tests/test_top_k_candidates.py tests/test_code_sampler.py ;;
     lazy)
       checkpoints
       KANI_LAZY_SUBMIT=1 serve_sweeps 0 lazy-submit "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256
