@@ -1,12 +1,14 @@
-"""Device time of Stage 0's top-k/top-p filter: vLLM's function against ``top_k_candidates`` (Kani's sampling).
+"""Device time of Stage 0's top-k/top-p filter over codebook 1's rows: vLLM's function on whole rows, on the columns
+the speech mask can leave open (``open_columns``), and ``torch.topk`` candidates (an alternative measured once).
 
     python3 benchmarks/bench_top_k.py [--rows 64 256] [--top-k 50] [--top-p 0.95] [--iters 200] [--out DIR]
 
-For codebook 1's rows (the ``lm_head``, 68,442 wide) and the code heads' rows (three per request, 4,032 wide), at each
-request count: the filter alone, then the filter with the rest of vLLM's sampling (softmax and the exponential race),
-each way. Timed with CUDA events over ``--iters`` calls (on a CPU: the wall clock), every call starting from a fresh
-copy of the same logits; the copy alone is timed too and subtracted. Also checks, per shape, that both ways keep the
-same logits. Writes ``top-k.json``.
+Rows of the ``lm_head``'s 68,442 columns, either random (``dense``) or masked as Stage 0's ``compute_logits`` masks
+them (``speech``: every column before START_OF_SPEECH ``-inf``, as served), and the code heads' rows (three per
+request, 4,032 wide) for scale. Each way the filter alone, then the filter with the rest of vLLM's sampling (softmax
+and the exponential race). Timed with CUDA events over ``--iters`` calls (on a CPU: the wall clock), every call from
+a fresh copy of the same logits, the copy alone timed and subtracted. Also says, per shape, whether each way keeps
+vLLM's whole-row logits. Writes ``top-k.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts_lm import NUM_CODE_HEADS
-from vllm_omni_kani.model_executor.models.kani_tts.top_k_candidates import filter_candidates
+from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 
 
 def _timed(fn: Callable[[], object], iters: int, device: torch.device) -> float:
@@ -49,26 +51,54 @@ def _sample(logits: torch.Tensor) -> torch.Tensor:
     return ops.random_sample(logits.softmax(dim=-1, dtype=torch.float32), {})
 
 
-def measure(rows: int, width: int, top_k: int, top_p: float, iters: int, device: torch.device) -> dict:
+def filter_candidates(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, bound: int) -> torch.Tensor:
+    """Top-k as ``torch.topk`` of the batch's largest k, then top-p over those sorted candidates, masked in place."""
+    values, index = logits.topk(bound, dim=-1)
+    keep = torch.arange(bound, device=logits.device) < k.view(-1, 1)
+    probs = values.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+    keep &= probs.cumsum(dim=-1).sub_(probs) < p.view(-1, 1)
+    keep[:, 0] = True
+    return logits.fill_(float("-inf")).scatter_(1, index, values.masked_fill_(~keep, float("-inf")))
+
+
+def measure(rows: int, width: int, kind: str, top_k: int, top_p: float, iters: int, device: torch.device) -> dict:
     gen = torch.Generator(device="cpu").manual_seed(rows + width)
-    source = torch.randn(rows, width, generator=gen).mul_(2).to(device)
+    source = torch.randn(rows, width, generator=gen).mul_(2)
+    first_open = 0
+    if kind == "speech":
+        mask = SpeechMask(width, "parallel")
+        source = mask.apply(source, torch.full((rows,), int(Phase.SPEECH_0)))
+        first_open = mask.first_open
+    source = source.to(device)
     work = torch.empty_like(source)
     k = torch.full((rows,), top_k, dtype=torch.int32, device=device)
     p = torch.full((rows,), top_p, device=device)
 
-    def vllm() -> torch.Tensor:
+    def whole_rows() -> torch.Tensor:
         return ops.apply_top_k_top_p(work.copy_(source), k, p)
+
+    def open_columns() -> torch.Tensor:
+        work.copy_(source)
+        ops.apply_top_k_top_p(work[:, first_open:], k, p)
+        return work
 
     def candidates() -> torch.Tensor:
         return filter_candidates(work.copy_(source), k, p, top_k)
 
-    same = torch.equal(vllm().clone(), candidates().clone())
-    copy_ms = _timed(lambda: work.copy_(source), iters, device)
-    result = {"rows": rows, "width": width, "top_k": top_k, "top_p": top_p, "same_kept_logits": same}
-    result["copy_ms"] = copy_ms
-    for name, fn in (("vllm", vllm), ("candidates", candidates)):
+    ways = {"whole_rows": whole_rows, "candidates": candidates}
+    if first_open:
+        ways["open_columns"] = open_columns
+    want = whole_rows().clone()
+    result = {"rows": rows, "width": width, "logits": kind, "top_k": top_k, "top_p": top_p}
+    result["copy_ms"] = copy_ms = _timed(lambda: work.copy_(source), iters, device)
+    for name, fn in ways.items():
+        result[f"{name}_same_as_whole_rows"] = bool(torch.equal(fn(), want))
         result[f"{name}_filter_ms"] = _timed(fn, iters, device) - copy_ms
         result[f"{name}_with_sampling_ms"] = _timed(lambda fn=fn: _sample(fn()), iters, device) - copy_ms
+    if first_open:  # the sampling on the open columns too (softmax and race over 4,041 columns, not 68,442)
+        result["open_columns_sampled_there_ms"] = (
+            _timed(lambda: _sample(open_columns()[:, first_open:]) + first_open, iters, device) - copy_ms
+        )
     return result
 
 
@@ -84,13 +114,19 @@ def main() -> None:
     device = torch.device(args.device)
     results = []
     for requests in args.rows:
-        for rows, width in ((requests, tl.PARALLEL_VOCAB_SIZE), (requests * NUM_CODE_HEADS, tl.CODEBOOK_SIZE)):
-            r = measure(rows, width, args.top_k, args.top_p, args.iters, device)
+        shapes = [(requests, tl.PARALLEL_VOCAB_SIZE, "speech"), (requests, tl.PARALLEL_VOCAB_SIZE, "dense")]
+        shapes.append((requests * NUM_CODE_HEADS, tl.CODEBOOK_SIZE, "dense"))
+        for rows, width, kind in shapes:
+            r = measure(rows, width, kind, args.top_k, args.top_p, args.iters, device)
             results.append(r)
+            ways = [key.removesuffix("_filter_ms") for key in r if key.endswith("_filter_ms")]
             print(
-                f"{rows:5d} x {width:6d}: filter vLLM {r['vllm_filter_ms']:.3f} ms, candidates "
-                f"{r['candidates_filter_ms']:.3f} ms; with sampling {r['vllm_with_sampling_ms']:.3f} / "
-                f"{r['candidates_with_sampling_ms']:.3f} ms; same kept logits: {r['same_kept_logits']}",
+                f"{rows:5d} x {width:6d} {kind:6s}: "
+                + "; ".join(
+                    f"{w} {r[w + '_filter_ms']:.3f} ms ({r[w + '_with_sampling_ms']:.3f} with sampling"
+                    f"{'' if r[w + '_same_as_whole_rows'] else ', differs'})"
+                    for w in ways
+                ),
                 flush=True,
             )
     report = {

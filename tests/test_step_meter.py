@@ -103,7 +103,7 @@ def test_the_patched_side_alternates_and_is_always_taken_without_a_period(monkey
     monkeypatch.setattr(sampler_ab, "_period", 2.0)
     monkeypatch.setattr(sampler_ab, "_alternating", None)
     monkeypatch.delenv("KANI_SAMPLER_AB_PATCHES", raising=False)
-    for name in ("penalty_counts", "codebook1_noise", "top_k_candidates"):
+    for name in ("penalty_counts", "codebook1_noise", "top_k_open_columns"):
         assert [sampler_ab.patched_now(name, now=t) for t in (0.5, 2.5, 4.5, 6.5)] == [True, False, True, False]
     monkeypatch.setattr(sampler_ab, "_period", 0.0)
     assert all(sampler_ab.patched_now("penalty_counts", now=t) for t in (0.5, 2.5))
@@ -125,8 +125,8 @@ def test_only_the_named_patches_alternate(monkeypatch):
 @pytest.mark.parametrize(
     ("value", "names"),
     [
-        ("", {"penalty_counts", "codebook1_noise", "top_k_candidates"}),
-        ("1", {"penalty_counts", "codebook1_noise", "top_k_candidates"}),
+        ("", {"penalty_counts", "codebook1_noise", "top_k_open_columns"}),
+        ("1", {"penalty_counts", "codebook1_noise", "top_k_open_columns"}),
         ("0", set()),
         ("off", set()),
         ("penalty_counts", {"penalty_counts"}),

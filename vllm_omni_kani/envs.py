@@ -110,10 +110,10 @@ def loop_stall_threshold_s() -> float:
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
 # The patches a Kani Stage-0 process can take (``patch.apply_stage0_sampling``): the penalties' output-token counts
-# kept on the device, seeded requests' codebook-1 noise hashed for the whole batch, and top-k/top-p filtered over each
-# row's top-k candidates. On by default: in-engine A/Bs on an H200 found the first two faster at 256 streams with every
-# request's audio whole (docs/BENCHMARKS.md, "Twelfth set" and "Eighteenth set").
-SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise", "top_k_candidates")
+# kept on the device, seeded requests' codebook-1 noise hashed for the whole batch, and top-k/top-p over the columns the
+# speech mask can leave open. On by default: in-engine A/Bs on an H200 found the first two faster at 256 streams with
+# every request's audio whole (docs/BENCHMARKS.md, "Twelfth set" and "Eighteenth set").
+SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise", "top_k_open_columns")
 _FALSY = ("0", "false", "off", "no")
 
 

@@ -753,39 +753,27 @@ def count_penalty_tokens_on_device() -> bool | None:
 
 
 @_patch(_vllm_0_26)
-def filter_top_k_by_candidates() -> bool | None:
-    """vllm 0.26.0: top-k/top-p filtered over each row's k best logits when the batch's largest top-k is small.
+def filter_top_k_in_open_columns() -> bool | None:
+    """vllm 0.26.0: top-k/top-p over the columns Stage 0's speech mask can leave open, not the whole vocabulary.
 
-    vLLM's top-k/top-p kernel searches the whole vocabulary of every row for its k-th value; ``top_k_candidates``
-    takes a ``torch.topk`` of the batch's largest k and runs top-p over those candidates. That k must be known on the
-    host: the input batch writes it on the top-k tensor when it builds the sampling metadata (from the host array it
-    copies). Installed by the Kani Stage-0 model unless ``KANI_STAGE0_SAMPLER_PATCHES`` leaves it out (on by default);
-    a top-k tensor without the bound, or a large bound, goes to vLLM's function.
+    Every Stage-0 row is ``-inf`` before the speech mask's first open column (``open_columns``); vLLM's top-k/top-p
+    function runs on a view of the columns after it, for logits of the width the model declares
+    (``open_columns.open_from``). Installed by the Kani Stage-0 model unless ``KANI_STAGE0_SAMPLER_PATCHES`` leaves it
+    out (on by default).
 
     Returns whether the patch is active.
     """
     from vllm.v1.sample.ops import topk_topp_sampler as ops
-    from vllm.v1.worker.gpu_input_batch import InputBatch
 
-    from vllm_omni_kani.model_executor.models.kani_tts.top_k_candidates import mark_bound, with_candidates
+    from vllm_omni_kani.model_executor.models.kani_tts.open_columns import with_open_columns
 
-    make_sampling_metadata = InputBatch._make_sampling_metadata
-
-    def _make_sampling_metadata(self: Any) -> Any:
-        metadata = make_sampling_metadata(self)
-        if metadata.top_k is not None and self.num_reqs > 0:
-            mark_bound(metadata.top_k, self.top_k_cpu[: self.num_reqs].max())
-        return metadata
-
-    InputBatch._make_sampling_metadata = _make_sampling_metadata
-    ops.apply_top_k_top_p = with_candidates(ops.apply_top_k_top_p)
-    logger.info("top-k/top-p: filtered over each row's top-k candidates when the batch's largest top-k is small")
+    ops.apply_top_k_top_p = with_open_columns(ops.apply_top_k_top_p)
 
 
 _STAGE0_SAMPLER_PATCHES = {
     "penalty_counts": count_penalty_tokens_on_device,
     "codebook1_noise": hash_seeded_codebook1_noise,
-    "top_k_candidates": filter_top_k_by_candidates,
+    "top_k_open_columns": filter_top_k_in_open_columns,
 }
 
 

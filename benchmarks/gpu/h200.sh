@@ -56,8 +56,9 @@
 #   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, on by default) A/B'd alone in 2-s windows on top of
 #            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
 #            audio vs frames
-#   abtopk   top-k/top-p over each row's top-k candidates (top_k_candidates, on by default): its device time against
-#            vLLM's kernel (benchmarks/bench_top_k.py), then A/B'd alone the way abcodebook1 is
+#   abtopk   top-k/top-p over the columns the speech mask can leave open (top_k_open_columns, on by default): its
+#            device time against vLLM's kernel on whole rows (benchmarks/bench_top_k.py), then A/B'd alone the way
+#            abcodebook1 is
 #   kernels  the Stage-0 step at batch 256, greedy and sampled, under vLLM's torch profiler: ours (kernel tables by
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
@@ -403,11 +404,11 @@ for phase in "$@"; do
       # The seeded codebook-1 noise (codebook1_noise) A/B'd alone (the patch once lost frames to noise of exactly 0).
       ab_patch abcodebook1 codebook1_noise codebook1 tests/test_codebook1_noise.py ;;
     abtopk)
-      # Top-k/top-p over each row's candidates (top_k_candidates): its device time against vLLM's kernel alone
-      # (benchmarks/bench_top_k.py), then A/B'd alone in the served engine.
+      # Top-k/top-p over the columns the speech mask can leave open (top_k_open_columns): its device time against
+      # vLLM's kernel on whole rows (benchmarks/bench_top_k.py), then A/B'd alone in the served engine.
       device_info
       step bench-top-k 120 python3 benchmarks/bench_top_k.py --rows 64 256 --out "$R"
-      ab_patch abtopk top_k_candidates top-k tests/test_top_k_candidates.py tests/test_code_sampler.py ;;
+      ab_patch abtopk top_k_open_columns top-k-open tests/test_open_columns.py tests/test_code_sampler.py ;;
     lazy)
       checkpoints
       KANI_LAZY_SUBMIT=1 serve_sweeps 0 lazy-submit "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256

@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.v1.sample.ops import topk_topp_sampler as ops
-from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
+from vllm.v1.sample.ops.topk_topp_sampler import (
+    apply_top_k_top_p,
+    empty_exponential_noise_like,
+    sample_with_exponential_noise,
+)
 
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available, write_seeded_rows
-from vllm_omni_kani.model_executor.models.kani_tts.top_k_candidates import bound_of, mark_bound
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_EPS = 1e-5
@@ -41,11 +43,11 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
     # One kernel: the heads' logits promoted to float32 and divided by their request's temperature.
     flat = torch.div(logits, temp.float().view(rows, 1, 1)).view(rows * heads, size)
     top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
-    head_k = None if top_k is None else top_k.repeat_interleave(heads)
-    if top_k is not None and (bound := bound_of(top_k)) is not None:
-        mark_bound(head_k, bound)  # the heads' rows repeat codebook 1's k: the same host bound
-    # Looked up per call: vLLM's function, or ``top_k_candidates``'s where the Stage-0 sampler patch installed it.
-    flat = ops.apply_top_k_top_p(flat, head_k, None if top_p is None else top_p.repeat_interleave(heads))
+    flat = apply_top_k_top_p(
+        flat,
+        None if top_k is None else top_k.repeat_interleave(heads),
+        None if top_p is None else top_p.repeat_interleave(heads),
+    )
     sampled = _exponential_race(flat.softmax(dim=-1).view(rows, heads, size), sampling_metadata.generators)
     if sampling_metadata.all_random:
         return sampled
@@ -85,7 +87,7 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
         top_k = torch.full((rows,), size - 1, dtype=torch.int32, device=device)
         top_p = torch.full((rows,), 0.9, device=device)
         for k, p in ((None, top_p), (top_k, None), (top_k, top_p)):
-            ops.apply_top_k_top_p(logits.clone(), k, p)
+            apply_top_k_top_p(logits.clone(), k, p)
     if fused_kernel_available(device):
         write_seeded_rows(
             torch.empty(1, heads * size, device=device), {0: torch.Generator(device=device).manual_seed(0)}

@@ -36,7 +36,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
-from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
+from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise, open_columns
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
@@ -66,14 +66,18 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES, on by default): the penalties'
-        # output-token counts kept on the device, seeded codebook-1 noise hashed for the whole batch.
-        if patch.hash_seeded_codebook1_noise.__name__ in patch.apply_stage0_sampling():
+        # output-token counts kept on the device, seeded codebook-1 noise hashed for the whole batch, top-k/top-p
+        # over the columns the speech mask can leave open.
+        sampler_patches = patch.apply_stage0_sampling()
+        if patch.hash_seeded_codebook1_noise.__name__ in sampler_patches:
             codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
+        self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
+        if patch.filter_top_k_in_open_columns.__name__ in sampler_patches:
+            open_columns.open_from(self.speech_mask.first_open, self.config.vocab_size)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
         # (docs/BENCHMARKS.md, "Stage-0 host work").
         self.use_async_omni_output = bool(additional_config(vllm_config).get("kani_async_omni_output", False))
-        self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
         self.step_meter = StepMeter()
         self.kernel_trace = KernelTrace("stage0")
         frame_level = FrameLevelSettings.from_hf_config(self.config)

@@ -79,6 +79,8 @@ class SpeechMask(torch.nn.Module):
         self.register_buffer("phase_of_token", phase_of_token_table(vocab_size, variant), persistent=False)
         self.register_buffer("allowed", allowed_table(vocab_size, variant), persistent=False)
         self.register_buffer("fallback", no_text_mask(vocab_size), persistent=False)
+        # Every id a masked row can keep is at or after this column, whatever its phase (the sampler's open columns).
+        self.first_open = int(torch.nonzero(self.allowed.any(dim=0) | self.fallback).min())
 
     def phases(self, last_tokens: torch.Tensor) -> torch.Tensor:
         """Phase per row for ``last_tokens`` ``[N]`` (any integer dtype)."""
