@@ -96,3 +96,21 @@ def test_other_widths_and_undeclared_processes_go_to_vllms_function(monkeypatch)
     assert calls[-1] == (3, tl.PARALLEL_VOCAB_SIZE - tl.START_OF_SPEECH)
     with pytest.raises(ValueError, match="outside a row"):
         open_columns.open_from(tl.PARALLEL_VOCAB_SIZE, tl.PARALLEL_VOCAB_SIZE)
+
+
+@CUDA
+def test_the_warm_up_compiles_what_served_steps_run(declared, monkeypatch):
+    """After ``warm_up`` no row count (a multiple of 16 or not) or filter set compiles vLLM's kernel again: a compile
+    inside a served step stalls every stream."""
+    from triton import knobs
+
+    open_columns.warm_up(torch.device("cuda"))
+    compiles = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: compiles.append(kw.get("fn")))
+    apply = open_columns.with_open_columns(ops.apply_top_k_top_p)
+    for rows in (37, 64, 200, 256):
+        logits = _masked_logits(declared, rows, "cuda", seed=rows)
+        k, p = _filters(rows, "cuda")
+        for top_k, top_p in ((k, None), (None, p), (k, p)):
+            apply(logits.clone(), top_k, top_p)
+    assert compiles == []

@@ -74,6 +74,7 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
         if patch.filter_top_k_in_open_columns.__name__ in sampler_patches:
             open_columns.open_from(self.speech_mask.first_open, self.config.vocab_size)
+            open_columns.warm_up(next(self.parameters()).device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
         # (docs/BENCHMARKS.md, "Stage-0 host work").

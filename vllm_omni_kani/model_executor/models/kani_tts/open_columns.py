@@ -20,12 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani import sampler_ab
 
 logger = logging.getLogger(__name__)
 
 NAME = "top_k_open_columns"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_SAMPLER_AB_PATCHES
+
+# Row counts for the warm-up, in both of Triton's integer specialisations of the kernel's row count (a multiple of 16
+# and not); vLLM runs its Triton kernel from 8 rows.
+WARM_UP_ROWS = (9, 16)
+WARM_UP_TOP_K, WARM_UP_TOP_P = 50, 0.9
 
 ApplyTopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
@@ -90,3 +96,17 @@ def with_open_columns(original: ApplyTopKTopP) -> ApplyTopKTopP:
 
     apply.__wrapped__ = original  # type: ignore[attr-defined]
     return apply
+
+
+def warm_up(device: torch.device) -> None:
+    """Compile vLLM's top-k/top-p kernel for the open columns now, at model load, not in a served step: their width,
+    row stride and offset are not the whole rows' that vLLM's sampler warm-up compiles (for top-k and top-p together,
+    at one row count)."""
+    if _open is None or device.type != "cuda":
+        return
+    original = getattr(ops.apply_top_k_top_p, "__wrapped__", ops.apply_top_k_top_p)
+    for rows in WARM_UP_ROWS:
+        k = torch.full((rows,), WARM_UP_TOP_K, dtype=torch.int32, device=device)
+        p = torch.full((rows,), WARM_UP_TOP_P, device=device)
+        for top_k, top_p in ((k, None), (None, p), (k, p)):
+            in_open_columns(original, torch.zeros(rows, _open.width, device=device), top_k, top_p)
