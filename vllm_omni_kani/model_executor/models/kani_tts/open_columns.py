@@ -4,11 +4,14 @@ Stage 0's ``compute_logits`` masks every row with the speech grammar (``speech_m
 the ids it allows lie at or above the mask's first open column (START_OF_SPEECH): 4,041 of a parallel-head
 checkpoint's 68,442 columns can be finite (16,138 of a flattened one's 80,539). Nothing vLLM does after the model
 (penalties, temperature, logit bias, allowed-token masks) makes a ``-inf`` finite. vLLM's top-k/top-p kernel still
-searches every column for each row's k-th value, and on rows 94% ``-inf`` it took 1.12–1.19 ms of a served Stage-0
-step's 3.55 ms of GPU time at 256 streams (docs/BENCHMARKS.md, "Twenty-fourth set").
+searches every column for each row's k-th value: 1.12–1.19 ms of a served Stage-0 step's 3.55 ms of GPU time at 256
+streams (docs/BENCHMARKS.md, "Twenty-fourth set"), 0.45 ms alone against 0.07 ms on the open columns ("Twenty-fifth
+set").
 
 Here the same vLLM function runs on a view of the open columns (the row stride stays; its Triton kernel takes any row
-stride); the columns before them stay ``-inf``, so the result is what it keeps of the whole row. The Kani Stage-0
+stride); the columns before them stay ``-inf``. On a CPU (vLLM's sort-based function) the result is what it keeps of
+the whole row, bit for bit; on CUDA its Triton kernel finds the top-p cut by a pivot search, which in one row of 256
+can fall one token off the exact cut with either input (the twenty-fifth set's interpreter check). The Kani Stage-0
 model says where its rows open (``open_from``) when the patch is installed; logits of any other width (the code
 heads') go to vLLM's function as they are.
 """
@@ -57,11 +60,6 @@ def open_from(first: int, width: int) -> None:
     logger.info(
         "top-k/top-p: over columns %d-%d of rows %d wide (the speech mask's open ones)", first, width - 1, width
     )
-
-
-def declared() -> OpenColumns | None:
-    """The open columns declared in this process, if any."""
-    return _open
 
 
 def applies(logits: torch.Tensor) -> bool:
