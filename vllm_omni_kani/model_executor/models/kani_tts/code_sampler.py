@@ -9,6 +9,7 @@ on the device and needs no host synchronisation. A seeded request's noise is a h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ GREEDY_EPS = 1e-5
 # Request counts for the warm-up whose head rows (three per request) fall in both of Triton's integer
 # specialisations of the row count, not a multiple of 16 and a multiple of 16 (its top-k/top-p kernel runs from 8 rows).
 WARM_UP_REQUESTS = (3, 16)
+WARM_UP_TOP_P = 0.9
 
 
 def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.Tensor:
@@ -82,13 +84,23 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
     if device.type != "cuda":
         return
     for requests in WARM_UP_REQUESTS:
-        rows = requests * heads
-        logits = torch.zeros(rows, size, device=device)
-        top_k = torch.full((rows,), size - 1, dtype=torch.int32, device=device)
-        top_p = torch.full((rows,), 0.9, device=device)
-        for k, p in ((None, top_p), (top_k, None), (top_k, top_p)):
-            apply_top_k_top_p(logits.clone(), k, p)
+        warm_up_filter_sets(apply_top_k_top_p, requests * heads, size, size - 1, device)
     if fused_kernel_available(device):
         write_seeded_rows(
             torch.empty(1, heads * size, device=device), {0: torch.Generator(device=device).manual_seed(0)}
         )
+
+
+def warm_up_filter_sets(
+    apply: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor],
+    rows: int,
+    width: int,
+    top_k: int,
+    device: torch.device,
+) -> None:
+    """Run the top-k/top-p function ``apply`` on ``[rows, width]`` zero logits with top-k alone, top-p alone and both:
+    each filter set is its own specialisation of vLLM's Triton kernel."""
+    k = torch.full((rows,), top_k, dtype=torch.int32, device=device)
+    p = torch.full((rows,), WARM_UP_TOP_P, device=device)
+    for top_k_rows, top_p_rows in ((None, p), (k, None), (k, p)):
+        apply(torch.zeros(rows, width, device=device), top_k_rows, top_p_rows)

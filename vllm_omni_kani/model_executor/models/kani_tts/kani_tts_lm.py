@@ -69,12 +69,13 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         # output-token counts kept on the device, seeded codebook-1 noise hashed for the whole batch, top-k/top-p
         # over the columns the speech mask can leave open.
         sampler_patches = patch.apply_stage0_sampling()
+        device = next(self.parameters()).device
         if patch.hash_seeded_codebook1_noise.__name__ in sampler_patches:
-            codebook1_noise.warm_up_kernel(self.config.vocab_size, next(self.parameters()).device)
+            codebook1_noise.warm_up_kernel(self.config.vocab_size, device)
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
         if patch.filter_top_k_in_open_columns.__name__ in sampler_patches:
             open_columns.open_from(self.speech_mask.first_open, self.config.vocab_size)
-            open_columns.warm_up(next(self.parameters()).device)
+            open_columns.warm_up(device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
         # (docs/BENCHMARKS.md, "Stage-0 host work").

@@ -18,6 +18,7 @@ heads') go to vLLM's function as they are.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import torch
 from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani import sampler_ab
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import warm_up_filter_sets
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ NAME = "top_k_open_columns"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_
 # Row counts for the warm-up, in both of Triton's integer specialisations of the kernel's row count (a multiple of 16
 # and not); vLLM runs its Triton kernel from 8 rows.
 WARM_UP_ROWS = (9, 16)
-WARM_UP_TOP_K, WARM_UP_TOP_P = 50, 0.9
+WARM_UP_TOP_K = 50
 
 ApplyTopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
@@ -104,7 +106,4 @@ def warm_up(device: torch.device) -> None:
         return
     original = getattr(ops.apply_top_k_top_p, "__wrapped__", ops.apply_top_k_top_p)
     for rows in WARM_UP_ROWS:
-        k = torch.full((rows,), WARM_UP_TOP_K, dtype=torch.int32, device=device)
-        p = torch.full((rows,), WARM_UP_TOP_P, device=device)
-        for top_k, top_p in ((k, None), (None, p), (k, p)):
-            in_open_columns(original, torch.zeros(rows, _open.width, device=device), top_k, top_p)
+        warm_up_filter_sets(functools.partial(in_open_columns, original), rows, _open.width, WARM_UP_TOP_K, device)
