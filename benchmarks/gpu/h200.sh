@@ -29,6 +29,10 @@
 #   asyncsched  the shipped YAML with Stage 0's async scheduling on (deferred output building stays off): served at
 #            64 and 250 frames, and audio == Stage-0 frames. step_time runs with async scheduling (vLLM's default), the
 #            shipped file without it; since the codec stopped being the bound this was not measured again
+#   samplertests  the Stage-0 sampler patches' CUDA-only tests (open columns with their warm-up, code heads, seeded
+#            codebook-1 noise); .whl carried for pytest
+#   asyncserved  `served` with Stage 0's async scheduling on, with vLLM-Omni's deferred output building (output) and
+#            without it (sched), ASYNC_SIDES picks (default both), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
 #            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
@@ -241,6 +245,22 @@ for phase in "$@"; do
       cleanup
       frames_check async-sched
       pack asyncsched ;;
+    asyncserved)
+      # `served` with Stage 0's async scheduling, alone (sched) and with vLLM-Omni's deferred output building (output):
+      # the step's host work overlapping its GPU time, now that the host step is the wall; ASYNC_SIDES picks.
+      checkpoints
+      for side in ${ASYNC_SIDES:-output sched}; do
+        case $side in
+          output) variant kani_tts_async_output stages.0.async_scheduling=true \
+                    stages.0.additional_config.kani_async_omni_output=true ;;
+          sched) variant kani_tts_async_sched stages.0.async_scheduling=true ;;
+        esac
+        serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 330 250:64,256
+        cleanup
+        frames_check "async-$side"
+      done
+      step_rates
+      pack asyncserved ;;
     profile)
       checkpoints
       step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
@@ -409,6 +429,11 @@ for phase in "$@"; do
       device_info
       step bench-top-k 120 python3 benchmarks/bench_top_k.py --rows 64 256 --out "$R"
       ab_patch abtopk top_k_open_columns top-k-open tests/test_open_columns.py tests/test_code_sampler.py ;;
+    samplertests)
+      # The Stage-0 sampler patches' CUDA-only tests (the CPU CI skips them), the open columns' warm-up included.
+      step sampler-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_open_columns.py \
+        tests/test_code_sampler.py tests/test_codebook1_noise.py
+      pack samplertests ;;
     lazy)
       checkpoints
       KANI_LAZY_SUBMIT=1 serve_sweeps 0 lazy-submit "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256

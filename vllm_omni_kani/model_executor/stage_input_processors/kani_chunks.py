@@ -165,6 +165,11 @@ class FrameStream:
             self.frames.extend(tl.pack_frame(frame) for frame in self.assembler.feed(new))
             self.done = self.assembler.ended
 
+    def unpaired_rows(self, output_token_ids: Sequence[int]) -> int:
+        """Parallel, once the request finished: code rows minus output tokens (0 when every sampled token got its
+        codebooks 2-4; negative: frames without their codes were dropped; positive: codes of tokens not kept)."""
+        return len(self.code_rows) - len(output_token_ids) if self.variant == "parallel" else 0
+
     def next_chunk(self, policy: ChunkPolicy, finished: bool) -> Chunk | None:
         """The next window to decode, or None until enough new frames exist.
 

@@ -121,6 +121,16 @@ def _async_chunk(
     # request.is_finished() would close the stream before the codes of the last steps have arrived.
     finished = bool(is_finished)
     chunk = stream.next_chunk(entry["policy"], finished)
+    if finished and (gap := stream.unpaired_rows(request.output_token_ids)):
+        # Each kept step brings one token and one code row; a mismatch means a step's payload and its token parted.
+        logger.warning(
+            "request %s finished with %d output tokens and %d code rows: %d frame(s) %s",
+            ext_id,
+            len(request.output_token_ids),
+            len(stream.code_rows),
+            abs(gap),
+            "without their codebooks 2-4 were dropped" if gap < 0 else "of codes had no kept token",
+        )
     if finished and stream.variant == "flattened" and (stream.assembler.pending or stream.assembler.invalid):
         logger.warning(
             "request %s: dropped %d codes of an incomplete last frame and %d out-of-order codes",
