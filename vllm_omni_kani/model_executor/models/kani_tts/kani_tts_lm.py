@@ -151,6 +151,17 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         return loaded | set(names.values())
 
 
+def scheduled_tokens(hidden: torch.Tensor, kwargs: dict[str, Any]) -> int:
+    """The step's scheduled tokens (the runner's per-request spans end there), not the CUDA-graph-padded rows.
+
+    vLLM-Omni cuts a per-token payload into requests only when its length is the hidden rows' or the scheduled
+    tokens'; with deferred output building it no longer sees the hidden rows, so a padded payload went whole to every
+    request, which then took the last (padding) row: lost and misplaced frames (docs/BENCHMARKS.md, twenty-sixth set).
+    """
+    spans = kwargs.get("request_token_spans")
+    return int(spans[-1][1]) if spans else int(hidden.shape[0])
+
+
 def _attention_query_start_loc() -> torch.Tensor | None:
     """``query_start_loc`` of the step from any attention layer's metadata, if a step is running."""
     if not is_forward_context_available():
@@ -205,7 +216,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
     def make_omni_output(self, model_output: Any, **kwargs: Any) -> Any:
         hidden = model_output
         logits_index = kwargs.get("logits_index")
-        codes = torch.full((hidden.shape[0],), tl.NO_CODES, dtype=torch.long, device=hidden.device)
+        codes = torch.full((scheduled_tokens(hidden, kwargs),), tl.NO_CODES, dtype=torch.long, device=hidden.device)
         if logits_index is not None and logits_index.numel():
             rows = logits_index.to(hidden.device).long()
             sampled = tl.pack_codes(sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata")))
