@@ -57,3 +57,24 @@ def test_a_padded_payload_is_lost_under_the_deferred_builder():
     """Why the length matters: the padded payload goes whole to each request, whose last row is padding."""
     assert per_request(step_codes(PADDED_ROWS), PADDED_ROWS) == OWN_CODES
     assert per_request(step_codes(PADDED_ROWS), 0) == [None, None, None]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host copy without waiting is CUDA-only")
+def test_the_host_codes_are_whole_once_a_later_copy_on_the_stream_is():
+    """The host codes are read only after the step's sampled tokens reach the host; a copy queued after them on the
+    same stream finishing means theirs did, even behind a long queue of kernels."""
+    from vllm_omni_kani.model_executor.models.kani_tts.kani_tts_lm import to_host_in_stream_order
+
+    device = torch.device("cuda")
+    big = torch.randn(4096, 4096, device=device)
+    for _ in range(20):  # keep the stream busy so the copies queue behind work
+        big = big @ big / 64
+    codes = torch.arange(300, device=device) + big[0, 0].long() * 0
+    host = to_host_in_stream_order(codes)
+    assert host.device.type == "cpu" and host.is_pinned()
+    later = torch.empty(1, dtype=torch.long, pin_memory=True)
+    later.copy_(codes[:1], non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+    assert torch.equal(host, torch.arange(300))

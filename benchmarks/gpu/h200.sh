@@ -29,8 +29,8 @@
 #   asyncsched  the shipped YAML with Stage 0's async scheduling on (deferred output building stays off): served at
 #            64 and 250 frames, and audio == Stage-0 frames. step_time runs with async scheduling (vLLM's default), the
 #            shipped file without it; since the codec stopped being the bound this was not measured again
-#   samplertests  the Stage-0 sampler patches' CUDA-only tests (open columns with their warm-up, code heads, seeded
-#            codebook-1 noise); .whl carried for pytest
+#   samplertests  Stage 0's CUDA-only tests (open columns with their warm-up, code heads, seeded codebook-1 noise, the
+#            step's codes copied to the host in stream order); .whl carried for pytest
 #   asyncserved  `served` with Stage 0's async scheduling on, with vLLM-Omni's deferred output building (output) and
 #            without it (sched), ASYNC_SIDES picks (default both), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
@@ -430,9 +430,9 @@ for phase in "$@"; do
       step bench-top-k 120 python3 benchmarks/bench_top_k.py --rows 64 256 --out "$R"
       ab_patch abtopk top_k_open_columns top-k-open tests/test_open_columns.py tests/test_code_sampler.py ;;
     samplertests)
-      # The Stage-0 sampler patches' CUDA-only tests (the CPU CI skips them), the open columns' warm-up included.
+      # Stage 0's CUDA-only tests (the CPU CI skips them), the open columns' warm-up included.
       step sampler-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_open_columns.py \
-        tests/test_code_sampler.py tests/test_codebook1_noise.py
+        tests/test_code_sampler.py tests/test_codebook1_noise.py tests/test_step_payload.py
       pack samplertests ;;
     lazy)
       checkpoints

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.config import VllmConfig
 from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -43,6 +44,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLev
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
+from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import PinnedStaging
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 from vllm_omni_kani.model_executor.models.kani_tts.step_meter import StepMeter
 
@@ -151,6 +153,20 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         return loaded | set(names.values())
 
 
+def to_host_in_stream_order(codes: torch.Tensor) -> torch.Tensor:
+    """The step's codes in new pinned host memory, copied without waiting for the device.
+
+    vLLM-Omni's output builder would copy them with ``.to("cpu")``, which waits for the step's kernels: under async
+    scheduling that wait is the only one between two steps. Nothing reads the host codes before the step's sampled
+    tokens reach the host (the sync runner waits for those before building outputs; the async one before the scheduler
+    sees the step), and those copies are queued after this one on the same stream. Not for vLLM-Omni's deferred
+    output building, which clones host tensors at once.
+    """
+    host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
+    host.copy_(codes, non_blocking=True)
+    return host
+
+
 def scheduled_tokens(hidden: torch.Tensor, kwargs: dict[str, Any]) -> int:
     """The step's scheduled tokens (the runner's per-request spans end there), not the CUDA-graph-padded rows.
 
@@ -207,6 +223,9 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
             bias=False,
             prefix=f"{prefix}.code_heads" if prefix else "code_heads",
         )
+        # The runner's per-row "kept token" flags reach the device through pinned buffers: a pageable copy would
+        # make the host wait for the forward pass before it can launch the heads and the sampler.
+        self._eligible_staging = PinnedStaging()
 
     def code_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[R, H]`` → ``[R, 3, CODEBOOK_SIZE]``."""
@@ -222,9 +241,11 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
             sampled = tl.pack_codes(sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata")))
             eligible = kwargs.get("request_sample_eligible")
             if eligible is not None and len(eligible) == rows.shape[0]:
-                keep = torch.tensor(eligible, dtype=torch.bool).to(hidden.device, non_blocking=True)
+                keep = self._eligible_staging.to_device(np.asarray(eligible, dtype=np.bool_), hidden.device)
                 sampled = torch.where(keep, sampled, tl.NO_CODES)
             codes[rows] = sampled
+        if codes.is_cuda and not self.use_async_omni_output:
+            codes = to_host_in_stream_order(codes)
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs={CODES_KEY[0]: {CODES_KEY[1]: codes}})
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
