@@ -79,8 +79,8 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
             open_columns.open_from(self.speech_mask.first_open, self.config.vocab_size)
             open_columns.warm_up(device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
-        # by default: on an H200 it left the Stage-0 step as it was and the served audio lost frames
-        # (docs/BENCHMARKS.md, "Stage-0 host work").
+        # by default: on an H200 it served 8-20% fewer frames/s than the shipped file in both orders (its audio whole
+        # since the per-step codes are as long as the scheduled tokens; docs/BENCHMARKS.md, twenty-sixth set).
         self.use_async_omni_output = bool(additional_config(vllm_config).get("kani_async_omni_output", False))
         self.step_meter = StepMeter()
         self.kernel_trace = KernelTrace("stage0")
