@@ -255,7 +255,7 @@ for phase in "$@"; do
                     stages.0.additional_config.kani_async_omni_output=true ;;
           sched) variant kani_tts_async_sched stages.0.async_scheduling=true ;;
         esac
-        serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 330 250:64,256
+        serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 450 250:64,256
         cleanup
         frames_check "async-$side"
       done
