@@ -139,6 +139,25 @@ served_env() {
   pack "$1"
 }
 
+# async_served SIDES SWEEP...: the shipped file with Stage 0's async scheduling (sched), or with vLLM-Omni's deferred
+# output building as well (output; the kani_async_omni_output switch), served at each SWEEP, audio vs frames each.
+async_served() {
+  local sides=$1 side
+  shift
+  checkpoints
+  for side in $sides; do
+    case $side in
+      output) variant kani_tts_async_output stages.0.async_scheduling=true \
+                stages.0.additional_config.kani_async_omni_output=true ;;
+      sched) variant kani_tts_async_sched stages.0.async_scheduling=true ;;
+      *) echo "unknown async side $side (output, sched)"; return 2 ;;
+    esac
+    serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 540 "$@"
+    cleanup
+    frames_check "async-$side"
+  done
+}
+
 # codec_cuda_tests: the codec's CUDA-only tests (the CPU CI skips them) into cuda-tests.log.
 codec_cuda_tests() {
   step cuda-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
@@ -230,35 +249,14 @@ for phase in "$@"; do
       cleanup
       pack replicas1 ;;
     async)
-      checkpoints
-      variant kani_tts_async_output stages.0.async_scheduling=true \
-        stages.0.additional_config.kani_async_omni_output=true
-      serve_sweeps 0 async-output "$CK/par" stage_configs/kani_tts_async_output.yaml 540 $SHORT $LONG
-      cleanup
-      frames_check async-output
+      async_served output $SHORT $LONG
       pack async ;;
     asyncsched)
-      checkpoints
-      # Async scheduling alone: vLLM-Omni's deferred output building (kani_async_omni_output) stays off.
-      variant kani_tts_async_sched stages.0.async_scheduling=true
-      serve_sweeps 0 async-sched "$CK/par" stage_configs/kani_tts_async_sched.yaml 540 $SHORT $LONG
-      cleanup
-      frames_check async-sched
+      async_served sched $SHORT $LONG
       pack asyncsched ;;
     asyncserved)
-      # `served` with Stage 0's async scheduling, alone (sched) and with vLLM-Omni's deferred output building (output):
-      # the step's host work overlapping its GPU time, now that the host step is the wall; ASYNC_SIDES picks.
-      checkpoints
-      for side in ${ASYNC_SIDES:-output sched}; do
-        case $side in
-          output) variant kani_tts_async_output stages.0.async_scheduling=true \
-                    stages.0.additional_config.kani_async_omni_output=true ;;
-          sched) variant kani_tts_async_sched stages.0.async_scheduling=true ;;
-        esac
-        serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 450 250:64,256
-        cleanup
-        frames_check "async-$side"
-      done
+      # The host step overlapping its GPU time now that it is the wall: 250-frame requests at 64 and 256 streams.
+      async_served "${ASYNC_SIDES:-output sched}" 250:64,256
       step_rates
       pack asyncserved ;;
     profile)
