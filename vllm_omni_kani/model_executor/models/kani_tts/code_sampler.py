@@ -28,6 +28,9 @@ GREEDY_EPS = 1e-5
 WARM_UP_REQUESTS = (3, 16)
 WARM_UP_TOP_P = 0.9
 
+# vLLM's ``apply_top_k_top_p(logits, k, p)`` and the wrappers that stand in for it.
+ApplyTopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+
 
 def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.Tensor:
     """Sample ``[R, K]`` codes from ``[R, K, C]`` head logits.
@@ -92,7 +95,7 @@ def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
 
 
 def warm_up_filter_sets(
-    apply: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor],
+    apply: ApplyTopKTopP,
     rows: int,
     width: int,
     top_k: int,

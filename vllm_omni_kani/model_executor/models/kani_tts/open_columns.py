@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani import sampler_ab
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import warm_up_filter_sets
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import ApplyTopKTopP, warm_up_filter_sets
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +36,6 @@ NAME = "top_k_open_columns"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_
 # and not); vLLM runs its Triton kernel from 8 rows.
 WARM_UP_ROWS = (9, 16)
 WARM_UP_TOP_K = 50
-
-ApplyTopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
 
 @dataclass(frozen=True)
