@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import soundfile as sf
@@ -168,3 +168,11 @@ def speak_offline(
     return out.stdout + out.stderr, [
         sf.read(out_dir / f"utterance_{i}.wav", dtype="int16")[0] for i in range(len(texts))
     ]
+
+
+def chunk_transfer_manager() -> SimpleNamespace:
+    """The attributes of vLLM-Omni's chunk transfer adapter that Stage 0's chunk producer reads (its per-request
+    payload dict and its connector's config, stateful codec), for driving the real producer without a connector."""
+    return SimpleNamespace(
+        request_payload={}, connector=SimpleNamespace(config={"extra": {"codec_stateful_decode": True}})
+    )

@@ -15,16 +15,11 @@ import pytest
 import torch
 from vllm.v1.request import RequestStatus
 
+from tests.conftest import chunk_transfer_manager
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.stage_input_processors import kani_tts as producer
 
 FRAMES = 20
-
-
-def manager() -> SimpleNamespace:
-    return SimpleNamespace(
-        request_payload={}, connector=SimpleNamespace(config={"extra": {"codec_stateful_decode": True}})
-    )
 
 
 def run(skip_codes_at: int | None) -> tuple[list, int]:
@@ -33,7 +28,7 @@ def run(skip_codes_at: int | None) -> tuple[list, int]:
     rng = np.random.default_rng(0)
     frames = rng.integers(0, tl.CODEBOOK_SIZE, size=(FRAMES, tl.NUM_CODEBOOKS))
     packed = tl.pack_codes(torch.from_numpy(frames[:, 1:])).tolist()
-    transfer, windows = manager(), []
+    transfer, windows = chunk_transfer_manager(), []
     request = SimpleNamespace(external_req_id="req-0", output_token_ids=[], status=RequestStatus.RUNNING)
     for k in range(FRAMES):
         request.output_token_ids.append(tl.AUDIO_TOKEN_OFFSET + int(frames[k, 0]))

@@ -12,15 +12,8 @@ from types import SimpleNamespace
 import pytest
 from vllm.v1.request import RequestStatus
 
+from tests.conftest import chunk_transfer_manager
 from vllm_omni_kani.model_executor.stage_input_processors import kani_tts as producer
-
-
-class Manager:
-    """The attributes of vLLM-Omni's chunk transfer adapter that the producer reads."""
-
-    def __init__(self) -> None:
-        self.request_payload: dict = {}
-        self.connector = SimpleNamespace(config={"extra": {"codec_stateful_decode": True}})
 
 
 def request(i: int) -> SimpleNamespace:
@@ -43,7 +36,7 @@ def counted_sweeps(monkeypatch):
 
 
 def test_aborted_states_are_swept_and_running_ones_kept(counted_sweeps):
-    manager, requests = Manager(), [request(i) for i in range(300)]
+    manager, requests = chunk_transfer_manager(), [request(i) for i in range(300)]
     for r in requests:
         producer.parallel_async_chunk(manager, None, r)
     assert len(manager.request_payload) == 300
@@ -61,7 +54,7 @@ def test_aborted_states_are_swept_and_running_ones_kept(counted_sweeps):
 def test_sweep_cost_is_constant_per_call(counted_sweeps):
     """At 256 streams a sweep every 64 calls walked 256 states: 4 per call. Now at most ~1 per call, and at least one
     sweep every 64 calls when few states are held."""
-    manager = Manager()
+    manager = chunk_transfer_manager()
     streams = [request(i) for i in range(256)]
     calls = 0
     for _ in range(20):  # steps
@@ -70,7 +63,7 @@ def test_sweep_cost_is_constant_per_call(counted_sweeps):
             calls += 1
     assert sum(counted_sweeps) <= calls * 1.05
     assert len(counted_sweeps) >= 10
-    few = Manager()
+    few = chunk_transfer_manager()
     counted_sweeps.clear()
     for _ in range(640):
         producer.parallel_async_chunk(few, None, request(0))
