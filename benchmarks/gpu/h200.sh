@@ -34,7 +34,8 @@
 #   asyncserved  `served` with Stage 0's async scheduling on, with vLLM-Omni's deferred output building (output) and
 #            without it (sched), ASYNC_SIDES picks (default both), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
-#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py)
+#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); PROFILE_CHANGES
+#            (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
@@ -261,8 +262,11 @@ for phase in "$@"; do
       pack asyncserved ;;
     profile)
       checkpoints
+      yaml=stage_configs/kani_tts.yaml
+      # shellcheck disable=SC2086
+      [ -z "${PROFILE_CHANGES:-}" ] || { variant kani_tts_profile $PROFILE_CHANGES; yaml=stage_configs/kani_tts_profile.yaml; }
       step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
-        --deploy-config stage_configs/kani_tts.yaml --out "$R/profile-${PROFILE_STREAMS:-256}" --frames 250 \
+        --deploy-config "$yaml" --out "$R/profile-${PROFILE_STREAMS:-256}" --frames 250 \
         --streams "${PROFILE_STREAMS:-256}"
       cleanup
       pack profile ;;
