@@ -26,13 +26,13 @@
 #            Stage-0 step with greedy codes, bf16 vs INT4, and their code agreement
 #   async    the shipped YAML with Stage 0's async scheduling and vLLM-Omni's deferred output building on (the
 #            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
-#   asyncsched  the shipped YAML with Stage 0's async scheduling on (deferred output building stays off): served at
-#            64 and 250 frames, and audio == Stage-0 frames. step_time runs with async scheduling (vLLM's default), the
-#            shipped file without it; since the codec stopped being the bound this was not measured again
+#   asyncsched  the shipped YAML with Stage 0's async scheduling on (as shipped since the twenty-seventh set; deferred
+#            output building stays off): served at 64 and 250 frames, and audio == Stage-0 frames
 #   samplertests  Stage 0's CUDA-only tests (open columns with their warm-up, code heads, seeded codebook-1 noise, the
 #            step's codes copied to the host in stream order); .whl carried for pytest
-#   asyncserved  `served` with Stage 0's async scheduling on, with vLLM-Omni's deferred output building (output) and
-#            without it (sched), ASYNC_SIDES picks (default both), audio vs frames each; send beside `served`
+#   asyncserved  `served` with vLLM-Omni's deferred output building on as well (output), with Stage 0's async
+#            scheduling on (sched: shipped since the twenty-seventh set) or off (sync: the file before it), ASYNC_SIDES
+#            picks (default output sched), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
 #            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); PROFILE_CHANGES
 #            (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes
@@ -140,8 +140,9 @@ served_env() {
   pack "$1"
 }
 
-# async_served SIDES SWEEP...: the shipped file with Stage 0's async scheduling (sched), or with vLLM-Omni's deferred
-# output building as well (output; the kani_async_omni_output switch), served at each SWEEP, audio vs frames each.
+# async_served SIDES SWEEP...: the shipped file with Stage 0's async scheduling on (sched), off (sync), or on with
+# vLLM-Omni's deferred output building as well (output; the kani_async_omni_output switch), served at each SWEEP,
+# audio vs frames each.
 async_served() {
   local sides=$1 side
   shift
@@ -151,7 +152,8 @@ async_served() {
       output) variant kani_tts_async_output stages.0.async_scheduling=true \
                 stages.0.additional_config.kani_async_omni_output=true ;;
       sched) variant kani_tts_async_sched stages.0.async_scheduling=true ;;
-      *) echo "unknown async side $side (output, sched)"; return 2 ;;
+      sync) variant kani_tts_async_sync stages.0.async_scheduling=false ;;
+      *) echo "unknown async side $side (output, sched, sync)"; return 2 ;;
     esac
     serve_sweeps 0 "async-$side" "$CK/par" "stage_configs/kani_tts_async_$side.yaml" 540 "$@"
     cleanup
