@@ -34,8 +34,8 @@
 #            scheduling on (sched: shipped since the twenty-seventh set) or off (sync: the file before it), ASYNC_SIDES
 #            picks (default output sched), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
-#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py); PROFILE_CHANGES
-#            (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes
+#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py);
+#            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
