@@ -175,3 +175,13 @@ def kernel_trace_dir() -> str:
 def kernel_trace_seconds() -> float:
     """``KANI_KERNEL_TRACE_S``: the window's length (default ``KERNEL_TRACE_DEFAULT_S``)."""
     return _seconds(KANI_KERNEL_TRACE_S) or KERNEL_TRACE_DEFAULT_S
+
+
+KANI_HOLD_UNTIL_DUE = "KANI_HOLD_UNTIL_DUE"
+
+
+def hold_until_due() -> bool:
+    """``KANI_HOLD_UNTIL_DUE``: Stage 0's main thread holds each request's step codes until a codec chunk is due and
+    only then queues the connector's save (``kani_held_steps.py``), instead of one save per request per step; off by
+    default until a served A/B measures it."""
+    return _flag(KANI_HOLD_UNTIL_DUE)

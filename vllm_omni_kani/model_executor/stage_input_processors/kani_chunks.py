@@ -24,6 +24,9 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 DEFAULT_LEFT_CONTEXT_FRAMES = 28
 DEFAULT_INITIAL_CHUNK_FRAMES = 3
 DEFAULT_CHUNK_FRAMES = 16
+# Payload key (nested; flat: "kani.held_steps") of the codes of the earlier steps Stage 0's main thread held until a
+# chunk was due (kani_held_steps), oldest first; a step's own codes are under token_layout.CODES_KEY.
+HELD_STEPS_KEY = ("kani", "held_steps")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,18 @@ class ChunkPolicy:
                 break
             size *= 2
         return min(size, self.ramp_max)
+
+    def next_end(self, sent: int, chunks: int, frames: int, finished: bool) -> int | None:
+        """How many frames will have been sent once the next chunk is out, or None while no chunk is due.
+
+        ``sent`` frames went out in ``chunks`` chunks and ``frames`` exist. A due chunk carries every whole multiple of
+        its size that is pending (a stream that fell behind catches up in one chunk); a finished stream sends the rest.
+        """
+        pending = frames - sent
+        target = self.chunk_size(chunks)
+        if pending <= 0 or (not finished and pending < target):
+            return None
+        return frames if finished else sent + target * (pending // target)
 
     def ramp_sizes(self) -> list[int]:
         """The distinct sizes of chunks 1, 2, ...: ``chunk_frames`` doubling up to ``max_chunk_frames``."""
@@ -156,7 +171,7 @@ class FrameStream:
                 tok = int(output_token_ids[k])
                 if tok == tl.END_OF_SPEECH:
                     self.done = True
-                if not self.done and tl.AUDIO_TOKEN_OFFSET <= tok < tl.AUDIO_TOKEN_OFFSET + tl.CODEBOOK_SIZE:
+                if not self.done and tl.is_cb1_token(tok):
                     self.frames.append((tok - tl.AUDIO_TOKEN_OFFSET) | (self.code_rows[k] << tl.CODE_BITS))
             self.tokens_paired = max(self.tokens_paired, upto)
         else:
@@ -177,11 +192,9 @@ class FrameStream:
         ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
         is finished every remaining frame goes out.
         """
-        pending = len(self.frames) - self.sent
-        target = policy.chunk_size(self.chunks)
-        if pending <= 0 or (not finished and pending < target):
+        end = policy.next_end(self.sent, self.chunks, len(self.frames), finished)
+        if end is None:
             return None
-        end = len(self.frames) if finished else self.sent + target * (pending // target)
         left = min(policy.window_context_frames, self.sent)
         window = tl.unpack_frames(self.frames[self.sent - left : end])
         self.sent = end

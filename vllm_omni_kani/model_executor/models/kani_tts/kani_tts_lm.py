@@ -52,8 +52,6 @@ logger = init_logger(__name__)
 
 CODE_HEAD_NAMES = tuple(f"cb{k + 1}_head" for k in range(1, tl.NUM_CODEBOOKS))
 NUM_CODE_HEADS = len(CODE_HEAD_NAMES)
-# Key of the per-token codes in vLLM-Omni's multimodal output payload.
-CODES_KEY = ("codes", "audio")
 
 
 class KaniWeightError(ValueError):
@@ -246,7 +244,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
             codes[rows] = sampled
         if codes.is_cuda and not self.use_async_omni_output:
             codes = to_host_in_stream_order(codes)
-        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={CODES_KEY[0]: {CODES_KEY[1]: codes}})
+        return OmniOutput(text_hidden_states=hidden, multimodal_outputs={tl.CODES_KEY[0]: {tl.CODES_KEY[1]: codes}})
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         hidden = self.config.hidden_size

@@ -107,7 +107,8 @@ def flat_token(code: int | np.ndarray, codebook: int | np.ndarray) -> int | np.n
     return AUDIO_TOKEN_OFFSET + code + CODEBOOK_SIZE * codebook
 
 
-def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
+def is_cb1_token(token_ids: int | np.ndarray) -> bool | np.ndarray:
+    """Whether each id is a codebook-1 audio code (the parallel layout's sampled audio token)."""
     return (token_ids >= AUDIO_TOKEN_OFFSET) & (token_ids < AUDIO_TOKEN_OFFSET + CODEBOOK_SIZE)
 
 
@@ -116,6 +117,8 @@ def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
 CODE_BITS = 12
 CODE_MASK = (1 << CODE_BITS) - 1
 NO_CODES = -1
+# Key of the per-token packed codes in vLLM-Omni's multimodal output payload (nested; flat: "codes.audio").
+CODES_KEY = ("codes", "audio")
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
