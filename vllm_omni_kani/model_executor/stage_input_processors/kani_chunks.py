@@ -91,18 +91,6 @@ class ChunkPolicy:
             size *= 2
         return min(size, self.ramp_max)
 
-    def next_end(self, sent: int, chunks: int, frames: int, finished: bool) -> int | None:
-        """How many frames will have been sent once the next chunk is out, or None while no chunk is due.
-
-        ``sent`` frames went out in ``chunks`` chunks and ``frames`` exist. A due chunk carries every whole multiple of
-        its size that is pending (a stream that fell behind catches up in one chunk); a finished stream sends the rest.
-        """
-        pending = frames - sent
-        target = self.chunk_size(chunks)
-        if pending <= 0 or (not finished and pending < target):
-            return None
-        return frames if finished else sent + target * (pending // target)
-
     def ramp_sizes(self) -> list[int]:
         """The distinct sizes of chunks 1, 2, ...: ``chunk_frames`` doubling up to ``max_chunk_frames``."""
         sizes = [self.chunk_frames]
@@ -135,14 +123,35 @@ class Chunk:
 
 
 @dataclass
+class ChunkCursor:
+    """How far a stream's chunks have gone: the frames sent and the chunks they went in."""
+
+    sent: int = 0
+    chunks: int = 0
+
+    def advance(self, policy: ChunkPolicy, frames: int, finished: bool) -> int | None:
+        """Account for the next chunk once ``frames`` exist, if one is due: returns the frames sent after it, else None.
+
+        A due chunk carries every whole multiple of its size that is pending (a stream that fell behind catches up in
+        one chunk); a finished stream sends the rest.
+        """
+        pending = frames - self.sent
+        target = policy.chunk_size(self.chunks)
+        if pending <= 0 or (not finished and pending < target):
+            return None
+        self.sent = frames if finished else self.sent + target * (pending // target)
+        self.chunks += 1
+        return self.sent
+
+
+@dataclass
 class FrameStream:
     """One request's frames so far and how many of them were already sent as new audio."""
 
     variant: str
     # one int per frame (token_layout.pack_frame), unpacked only when a window is sent
     frames: list[int] = field(default_factory=list)
-    sent: int = 0
-    chunks: int = 0
+    cursor: ChunkCursor = field(default_factory=ChunkCursor)
     # parallel: codebooks 2-4 packed as the model sends them (token_layout.pack_codes), one per kept step
     code_rows: list[int] = field(default_factory=list)
     tokens_paired: int = 0
@@ -192,15 +201,17 @@ class FrameStream:
         ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
         is finished every remaining frame goes out.
         """
-        end = policy.next_end(self.sent, self.chunks, len(self.frames), finished)
+        start = self.cursor.sent
+        end = self.cursor.advance(policy, len(self.frames), finished)
         if end is None:
             return None
-        left = min(policy.window_context_frames, self.sent)
-        window = tl.unpack_frames(self.frames[self.sent - left : end])
-        self.sent = end
-        self.chunks += 1
+        left = min(policy.window_context_frames, start)
+        window = tl.unpack_frames(self.frames[start - left : end])
         return Chunk(
-            window=window, left_context=left, finished=finished and end == len(self.frames), index=self.chunks - 1
+            window=window,
+            left_context=left,
+            finished=finished and end == len(self.frames),
+            index=self.cursor.chunks - 1,
         )
 
 

@@ -6,7 +6,7 @@ in 16 to 64, so most of those calls only keep a frame; at 256 streams on an H200
 the time, time the engine's main thread waits for (docs/BENCHMARKS.md, twenty-seventh set).
 
 Held instead, a step costs the main thread a list append and a count: ``HeldSteps`` counts the request's frames from
-its output tokens with the producer's own chunk arithmetic (``ChunkPolicy.next_end``) and ``save_async`` is called
+its output tokens with the producer's own chunk arithmetic (``ChunkCursor``) and ``save_async`` is called
 only when a chunk is due, when the request ends, and for any call vLLM-Omni would drop (a preempted request's
 recomputed steps), with the held steps' codes in the payload (``HELD_STEPS_KEY``, oldest first). The producer adds
 them before the step's own, so it pairs the same tokens with the same codes and sends the same chunks at the same
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import HELD_STEPS_KEY, ChunkPolicy
+from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import HELD_STEPS_KEY, ChunkCursor, ChunkPolicy
 from vllm_omni_kani.model_executor.stage_input_processors.kani_tts import connector_extra, parallel_async_chunk
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class HeldSteps:
     tokens_seen: int = 0
     frames: int = 0
     ended: bool = False
-    sent: int = 0
-    chunks: int = 0
+    # the producer's own progress, followed with the same arithmetic
+    cursor: ChunkCursor = field(default_factory=ChunkCursor)
 
     def count(self, output_token_ids: Sequence[int]) -> None:
         """Count the frames among the output tokens not seen yet (codebook-1 codes before END_OF_SPEECH), as
@@ -58,11 +58,7 @@ class HeldSteps:
 
     def chunk_due(self) -> bool:
         """Whether the producer sends a chunk with these frames; if so, account for it as the producer will."""
-        end = self.policy.next_end(self.sent, self.chunks, self.frames, finished=False)
-        if end is None:
-            return False
-        self.sent, self.chunks = end, self.chunks + 1
-        return True
+        return self.cursor.advance(self.policy, self.frames, finished=False) is not None
 
 
 def _with_held(multimodal_output: dict[str, Any] | None, held: HeldSteps | None) -> dict[str, Any] | None:
