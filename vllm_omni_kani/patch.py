@@ -494,6 +494,8 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
         OmniChunkTransferAdapter,
     )
 
+    from vllm_omni_kani.core.sched.request_ids import external_ids
+
     shm_dir, job = "/dev/shm", "kani_unlink_aborted"
     finish, send = OmniChunkTransferAdapter.finish_requests, OmniChunkTransferAdapter._send_single_request
 
@@ -503,12 +505,8 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
             request_ids = list(request_ids)  # read twice
         result = finish(self, request_ids, finished_status, requests)
         if finished_status == RequestStatus.FINISHED_ABORTED and isinstance(self.connector, SharedMemoryConnector):
-            known = requests or {}
-            ids = list(known) if request_ids is None else [request_ids] if isinstance(request_ids, str) else request_ids
-            # Keys carry the external id; a request this stage has already finished is no longer in ``requests``,
-            # and then the abort names it by that id.
-            external = {getattr(known.get(i), "external_req_id", None) or i for i in ids}
-            self._pending_save_reqs.append({job: external})
+            # Keys carry the external id.
+            self._pending_save_reqs.append({job: external_ids(request_ids, requests)})
             with self._save_cond:
                 self._save_cond.notify()
         return result

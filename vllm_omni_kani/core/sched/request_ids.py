@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -14,3 +14,12 @@ def forget_requests(by_id: dict[str, Any], request_ids: str | Iterable[str] | No
         return
     for request_id in (request_ids,) if isinstance(request_ids, str) else request_ids:
         by_id.pop(request_id, None)
+
+
+def external_ids(request_ids: str | Iterable[str] | None, requests: Mapping[str, Any] | None) -> set[str]:
+    """The external ids (a connector's keys) of the requests ``finish_requests`` names: one id, several, or None (every
+    request in ``requests``). An id the scheduler no longer holds stands for itself: an abort names a request its stage
+    has already finished by that id. Pass a materialised ``request_ids`` where the caller reads it again."""
+    known = requests or {}
+    ids = known if request_ids is None else (request_ids,) if isinstance(request_ids, str) else request_ids
+    return {getattr(known.get(i), "external_req_id", None) or i for i in ids}

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_omni_kani.core.sched.request_ids import external_ids
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import HELD_STEPS_KEY, ChunkCursor, ChunkPolicy
 from vllm_omni_kani.model_executor.stage_input_processors.kani_tts import connector_extra, parallel_async_chunk
@@ -121,15 +122,10 @@ def drop_on_finish(finish_requests: Callable[..., Any]) -> Callable[..., Any]:
     def held_finish_requests(self: Any, request_ids: Any, finished_status: Any, requests: Any = None) -> Any:
         held = _held(self)
         if held:
-            known = requests or {}
-            if request_ids is None:
-                ids = list(known)
-            elif isinstance(request_ids, str):
-                ids = [request_ids]
-            else:
-                ids = request_ids = list(request_ids)  # read twice
-            for rid in ids:
-                held.pop(getattr(known.get(rid), "external_req_id", None) or rid, None)
+            if request_ids is not None and not isinstance(request_ids, str):
+                request_ids = list(request_ids)  # read twice
+            for ext_id in external_ids(request_ids, requests):
+                held.pop(ext_id, None)
         return finish_requests(self, request_ids, finished_status, requests)
 
     return held_finish_requests
