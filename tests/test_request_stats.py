@@ -46,3 +46,28 @@ def test_audio_vs_frames_reads_the_line_and_the_tables_alike(tmp_path, caplog):
     for fields in found.values():
         assert audio_vs_frames.classify(fields, 1) == "whole, ended by itself", fields  # 251 tokens, 250 frames
         assert float(fields["vllm_ttft_ms"][1].replace(",", "")) == 61.0
+
+
+def test_audio_vs_frames_counts_a_dropped_stage0_output_apart(tmp_path):
+    """When Stage 1 finishes before the orchestrator takes Stage 0's last output, the orchestrator drops that output
+    and the request's record has no Stage-0 row: reported as not checked, not as a cut table. Lines from a served
+    run's log (twenty-eighth set), the orchestrator's list of known requests shortened."""
+    audio_vs_frames = benchmark_script("audio_vs_frames")
+    rid = "speech-bench-280-b30c3ff0a11f-9bb66008"
+    record = (
+        '{"e2e":{"e2e_total_ms":458.5},"stages":{"1":{"batch_id":459,"batch_size":1,"audio_generated_frames":51156,'
+        '"audio_sample_rate":22050,"audio_duration_s":2.32,"output_unit_type":"audio"}},"transfers":{"0->1":{}}}'
+    )
+    lines = [
+        f"(APIServer pid=1692) WARNING 11-27 07:58:10 [orchestrator.py:1047] [Orchestrator] Dropping output for unknown"
+        f" req {rid} at stage-0 (known reqs: ['speech-bench-264-16fc384c27fd-9761f413'])",
+        f"(APIServer pid=1692) INFO 11-27 07:58:10 [request_stats.py:65] [KaniRequestStats] request_id={rid} {record}",
+        "(APIServer pid=1692) INFO 11-27 07:58:10 [request_stats.py:65] [KaniRequestStats] request_id=speech-cut "
+        + record,
+    ]
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    found, dropped = audio_vs_frames.requests(log), audio_vs_frames.stage0_dropped(log)
+    assert dropped == {rid}
+    assert audio_vs_frames.classify(found[rid], 1, rid in dropped) == audio_vs_frames.STAGE0_DROPPED
+    assert audio_vs_frames.classify(found["speech-cut"], 1, "speech-cut" in dropped) == "table cut by other log lines"
