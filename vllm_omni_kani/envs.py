@@ -185,3 +185,13 @@ def hold_until_due() -> bool:
     only then queues the connector's save (``kani_held_steps.py``), instead of one save per request per step; off by
     default: served on an H200 it was no faster (docs/BENCHMARKS.md, twenty-eighth set)."""
     return _flag(KANI_HOLD_UNTIL_DUE)
+
+
+KANI_STEP_CODE_ROWS = "KANI_STEP_CODE_ROWS"
+
+
+def step_code_rows() -> bool:
+    """``KANI_STEP_CODE_ROWS``: Stage 0's runner hands its step's codes to the scheduler as one host tensor and each
+    request's token span (``worker/step_code_rows.py``) instead of vLLM-Omni's payload dict per request; off by
+    default until a served A/B measures it."""
+    return _flag(KANI_STEP_CODE_ROWS)

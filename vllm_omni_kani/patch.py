@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_omni_kani.envs import disabled_patches, hold_until_due, stage0_sampler_patches
+from vllm_omni_kani.envs import disabled_patches, hold_until_due, stage0_sampler_patches, step_code_rows
 
 logger = logging.getLogger(__name__)
 
@@ -562,6 +562,79 @@ def hold_stage0_steps_until_due() -> bool | None:
     return True
 
 
+@_patch(_vllm_omni_0_26)
+def hand_stage0_codes_as_step_rows() -> bool | None:
+    """vllm-omni 0.26.0 (guard: 0.26.x), with ``KANI_STEP_CODE_ROWS`` on: a model flagged ``omni_step_code_rows``
+    hands its step's codes to the scheduler as ``StepCodeRows`` (``worker/step_code_rows.py``).
+
+    ``GPUARModelRunner._build_omni_model_runner_output_from_snapshot`` (``vllm_omni/worker/gpu_ar_model_runner.py``)
+    builds one payload dict per request per step. Where the model's outputs are the step's host codes alone, it runs
+    here without them and with no request asking for a payload (``_resolve_pooler_payload_req_ids`` answers none
+    while it runs), and the requests that did ask get their rows from ``StepCodeRows`` as the scheduler reads them.
+    Anything else (a prefix cache, hidden states in the payload, full-payload accumulation, a stage that does not send
+    through a connector, device-resident codes) takes vLLM-Omni's path.
+    """
+    if not step_code_rows():
+        return False
+    from vllm_omni.distributed.omni_connectors.utils.config import stage_sends_async_output
+    from vllm_omni.worker.gpu_ar_model_runner import GPUARModelRunner
+
+    from vllm_omni_kani.worker import step_code_rows as rows
+
+    build = GPUARModelRunner._build_omni_model_runner_output_from_snapshot
+    resolve = GPUARModelRunner._resolve_pooler_payload_req_ids
+
+    def takes_rows(self: Any, codes: Any, scheduler_output: Any) -> bool:
+        return (
+            bool(getattr(self.model, "omni_step_code_rows", False))
+            and codes is not None
+            and codes.device.type == "cpu"
+            and codes.shape[0] == int(scheduler_output.total_num_scheduled_tokens)
+            and self.omni_prefix_cache is None
+            and not self._model_omni_pooler_payload_include_hidden()
+            and bool(self._async_chunk)
+            and stage_sends_async_output(self.model_config)
+            and not self._should_accumulate_full_payload_output()
+        )
+
+    @functools.wraps(resolve)
+    def _resolve_pooler_payload_req_ids(self: Any, req_ids: list[str]) -> tuple[str, list[str]]:
+        engine_output_type, downstream = resolve(self, req_ids)
+        if getattr(self, "_kani_rows_downstream", None) is None:
+            return engine_output_type, downstream
+        self._kani_rows_downstream = set(downstream)
+        return engine_output_type, []
+
+    @functools.wraps(build)
+    def _build_omni_model_runner_output_from_snapshot(self: Any, **kwargs: Any) -> Any:
+        codes = rows.step_codes(kwargs.get("multimodal_outputs"))
+        if not takes_rows(self, codes, kwargs["scheduler_output"]):
+            return build(self, **kwargs)
+        self._kani_rows_downstream = set()
+        try:
+            output = build(self, **{**kwargs, "multimodal_outputs": None})
+            downstream = self._kani_rows_downstream
+        finally:
+            self._kani_rows_downstream = None
+        if not getattr(self, "_kani_rows_said", False):
+            self._kani_rows_said = True
+            logger.info("Kani Stage 0: step codes handed to the scheduler as one tensor and per-request spans")
+        if downstream:
+            output.inter_stage_outputs = rows.step_code_rows(
+                codes,
+                kwargs["req_ids_output_copy"],
+                kwargs["req_id_to_index_output_copy"],
+                downstream,
+                kwargs["query_start_loc_cpu"],
+                kwargs["num_scheduled_tokens_np"],
+            )
+        return output
+
+    GPUARModelRunner._resolve_pooler_payload_req_ids = _resolve_pooler_payload_req_ids
+    GPUARModelRunner._build_omni_model_runner_output_from_snapshot = _build_omni_model_runner_output_from_snapshot
+    return True
+
+
 # Tag of a CPU tensor shipped as a numpy array in a pickled runner output (bfloat16 travels as its int16 bits).
 _NUMPY_TENSOR, _NUMPY_BF16 = "__kani_tensor__", "__kani_bf16__"
 _RUNNER_PAYLOADS = ("multimodal_outputs", "inter_stage_outputs")
@@ -825,6 +898,7 @@ def apply_all() -> list[str]:
             log_request_summaries_off_the_event_loop,
             unlink_shm_chunks_of_aborted_requests,
             hold_stage0_steps_until_due,
+            hand_stage0_codes_as_step_rows,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,
         )
