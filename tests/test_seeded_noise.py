@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import sample_with_exponential_noise
@@ -120,3 +121,15 @@ def test_a_seeded_request_samples_the_same_codes_in_any_batch_on_cuda():
     other[[1, 2, 4]] = torch.randn(3, 3, 64, device="cuda")
     assert torch.equal(sample_codes(other, meta)[[0, 3]], first[[0, 3]])
     assert torch.equal(sample_codes(logits[3:4], metadata(1, {0: 12}, device="cuda"))[0], first[3])
+
+
+def test_key_words_are_each_generators_seed_and_position_in_32_bit_halves():
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 + 5, 2**64 - 1]
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    positions = [0, 7, 2**32 + 3, 2**40, 2**63, 2**64 - 4]
+    words = _key_words(generators, positions)
+    assert words.dtype == np.int64 and words.shape == (len(seeds), 4)
+    for row, seed, position in zip(words.tolist(), seeds, positions, strict=True):
+        assert row == [seed & 0xFFFFFFFF, seed >> 32, position & 0xFFFFFFFF, position >> 32]
+    with pytest.raises(ValueError, match="2 positions for 6 generators"):
+        _key_words(generators, positions[:2])
