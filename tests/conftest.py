@@ -170,6 +170,30 @@ def speak_offline(
     ]
 
 
+def speaks_the_same_with_switch(model: Path, tmp_path: Path, switch: str, said: str) -> None:
+    """The offline CPU pipeline, greedy, with the environment switch ``switch`` at 0 and at 1: the same audio (within
+    one PCM16 step, more than 8 frames each), and only the run with it on logs ``said`` (it took the switched path)."""
+    import re
+
+    import numpy as np
+
+    from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
+
+    texts = ["Hello there.", "A second one, a little longer."]
+    yaml = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
+    logs, audio = {}, {}
+    for value in ("0", "1"):
+        logs[value], audio[value] = speak_offline(
+            model, yaml, texts, tmp_path / f"{switch}-{value}", max_new_tokens=60, env={switch: value}
+        )
+    pattern = re.compile(said)
+    assert pattern.search(logs["1"]), logs["1"][-3000:]
+    assert not pattern.search(logs["0"])
+    for off, on in zip(audio["0"], audio["1"], strict=True):
+        assert off.shape == on.shape and off.shape[0] > 8 * SAMPLES_PER_FRAME
+        assert np.abs(off.astype(np.int32) - on).max() <= 1
+
+
 def chunk_transfer_manager() -> SimpleNamespace:
     """The attributes of vLLM-Omni's chunk transfer adapter that Stage 0's chunk producer reads (its per-request
     payload dict and its connector's config, stateful codec), for driving the real producer without a connector."""

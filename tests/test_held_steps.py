@@ -9,7 +9,6 @@ held state outlives its request, aborted or not. The offline pipeline then speak
 from __future__ import annotations
 
 import logging
-import re
 import uuid
 from types import SimpleNamespace
 
@@ -18,10 +17,9 @@ import pytest
 import torch
 from vllm.v1.request import RequestStatus
 
-from tests.conftest import REPO_ROOT, speak_offline
+from tests.conftest import speaks_the_same_with_switch
 from vllm_omni_kani import envs
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 from vllm_omni_kani.model_executor.stage_input_processors import kani_held_steps
 
 PRODUCERS = "vllm_omni_kani.model_executor.stage_input_processors.kani_tts"
@@ -208,15 +206,6 @@ def test_another_producers_stage_is_not_held():
 def test_the_offline_pipeline_speaks_the_same_with_steps_held(tiny_parallel, tmp_path):
     """The offline pipeline, greedy, with ``KANI_HOLD_UNTIL_DUE`` on and off: the same audio (within one PCM16 step),
     and the run with it on says its Stage 0 held the steps."""
-    texts = ["Hello there.", "A second one, a little longer."]
-    yaml = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
-    audio, logs = {}, {}
-    for name, value in (("off", "0"), ("held", "1")):
-        env = {envs.KANI_HOLD_UNTIL_DUE: value}
-        logs[name], audio[name] = speak_offline(tiny_parallel, yaml, texts, tmp_path / name, max_new_tokens=60, env=env)
-    said = re.compile("steps held on the main thread until a chunk is due")
-    assert said.search(logs["held"]), logs["held"][-3000:]
-    assert not said.search(logs["off"])
-    for off, held in zip(audio["off"], audio["held"], strict=True):
-        assert off.shape == held.shape and off.shape[0] > 8 * SAMPLES_PER_FRAME
-        assert np.abs(off.astype(np.int32) - held).max() <= 1
+    speaks_the_same_with_switch(
+        tiny_parallel, tmp_path, envs.KANI_HOLD_UNTIL_DUE, "steps held on the main thread until a chunk is due"
+    )

@@ -8,7 +8,6 @@ offline pipeline speaks the same audio with the switch on, saying its runner too
 from __future__ import annotations
 
 import pickle
-import re
 
 import numpy as np
 import torch
@@ -16,10 +15,9 @@ from vllm_omni.data_entry_keys import flatten_payload
 from vllm_omni.utils.mm_outputs import build_mm_cpu, partition_payload_list, to_payload_element
 from vllm_omni.worker.gpu_ar_model_runner import _ensure_tensor_values
 
-from tests.conftest import REPO_ROOT, run_python, speak_offline
+from tests.conftest import run_python, speaks_the_same_with_switch
 from vllm_omni_kani import envs
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 from vllm_omni_kani.worker.step_code_rows import FLAT_CODES_KEY, step_code_rows, step_codes
 
 
@@ -115,15 +113,6 @@ def test_rows_cross_a_pickle_as_they_are():
 def test_the_offline_pipeline_speaks_the_same_with_step_rows(tiny_parallel, tmp_path):
     """The offline pipeline, greedy, with ``KANI_STEP_CODE_ROWS`` on and off: the same audio (within one PCM16 step),
     and the run with it on says its Stage-0 runner handed the codes over as rows."""
-    texts = ["Hello there.", "A second one, a little longer."]
-    yaml = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
-    audio, logs = {}, {}
-    for name, value in (("off", "0"), ("rows", "1")):
-        env = {envs.KANI_STEP_CODE_ROWS: value}
-        logs[name], audio[name] = speak_offline(tiny_parallel, yaml, texts, tmp_path / name, max_new_tokens=60, env=env)
-    said = re.compile("step codes handed to the scheduler as one tensor and per-request spans")
-    assert said.search(logs["rows"]), logs["rows"][-3000:]
-    assert not said.search(logs["off"])
-    for off, rows in zip(audio["off"], audio["rows"], strict=True):
-        assert off.shape == rows.shape and off.shape[0] > 8 * SAMPLES_PER_FRAME
-        assert np.abs(off.astype(np.int32) - rows).max() <= 1
+    speaks_the_same_with_switch(
+        tiny_parallel, tmp_path, envs.KANI_STEP_CODE_ROWS, "step codes handed to the scheduler as one tensor"
+    )
