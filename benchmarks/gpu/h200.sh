@@ -88,6 +88,10 @@
 #            streams, audio vs frames; send beside `served`
 #   servedenv  `served` with SERVED_ENV (KEY=VALUE ...) in the server's environment, labelled SERVED_ENV_LABEL: a
 #            same-instance A/B of an environment switch (e.g. KANI_FAST_DECODE_SLOTS=0); send beside `served`
+#   abenv    SERVED_ENV against the shipped file in one call, in AB_ORDER (default "env shipped env"; ~170 s a run
+#            once the machine is warm, so three fit one call): each run labelled by its place (LABEL-1, shipped-2,
+#            LABEL-3, with SERVED_ENV_LABEL), so no run's files overwrite another's; audio vs frames each, one pack;
+#            send after `served` (a fresh machine's first server compiles for minutes)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -512,6 +516,22 @@ for phase in "$@"; do
       # `served` with SERVED_ENV (space-separated KEY=VALUE, e.g. KANI_FAST_DECODE_SLOTS=0) in every server process:
       # a same-instance A/B of a switch; labelled SERVED_ENV_LABEL (default env).
       served_env "${SERVED_ENV_LABEL:-env}" "${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}" "${SERVED_ENV_LIMIT_S:-330}" ;;
+    abenv)
+      checkpoints
+      i=0
+      for side in ${AB_ORDER:-env shipped env}; do
+        i=$((i + 1))
+        label="shipped-$i"
+        [ "$side" = env ] && label="${SERVED_ENV_LABEL:-env}-$i"
+        (
+          if [ "$side" = env ]; then for kv in ${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}; do export "${kv?}"; done; fi
+          serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256
+        )
+        cleanup
+        frames_check "$label"
+      done
+      step_rates
+      pack abenv ;;
     threads)
       # Every process of the server (API server, both engine cores) with OMP_NUM_THREADS=THREADS: torch's intra-op
       # pool at that size instead of one thread per core (vLLM's multiproc executor does the same for its workers;
