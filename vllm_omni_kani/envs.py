@@ -177,16 +177,6 @@ def kernel_trace_seconds() -> float:
     return _seconds(KANI_KERNEL_TRACE_S) or KERNEL_TRACE_DEFAULT_S
 
 
-KANI_HOLD_UNTIL_DUE = "KANI_HOLD_UNTIL_DUE"
-
-
-def hold_until_due() -> bool:
-    """``KANI_HOLD_UNTIL_DUE``: Stage 0's main thread holds each request's step codes until a codec chunk is due and
-    only then queues the connector's save (``kani_held_steps.py``), instead of one save per request per step; off by
-    default: served on an H200 it was no faster (docs/BENCHMARKS.md, twenty-eighth set)."""
-    return _flag(KANI_HOLD_UNTIL_DUE)
-
-
 KANI_STEP_CODE_ROWS = "KANI_STEP_CODE_ROWS"
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_omni_kani.envs import disabled_patches, hold_until_due, stage0_sampler_patches, step_code_rows
+from vllm_omni_kani.envs import disabled_patches, stage0_sampler_patches, step_code_rows
 
 logger = logging.getLogger(__name__)
 
@@ -538,31 +538,6 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
 
 
 @_patch(_vllm_omni_0_26)
-def hold_stage0_steps_until_due() -> bool | None:
-    """vllm-omni 0.26.0 (guard: 0.26.x), with ``KANI_HOLD_UNTIL_DUE`` on: Stage 0's steps go to the connector's save
-    thread only when a codec chunk is due.
-
-    ``OmniChunkTransferAdapter.save_async``
-    (``vllm_omni/distributed/omni_connectors/transfer_adapter/chunk_transfer_adapter.py``) queues every request's
-    every step for the save thread, which runs the chunk producer on it. For a stage whose producer is
-    ``parallel_async_chunk`` the main thread holds the steps instead and queues one save when a chunk is due or the
-    request ends, carrying the held codes; ``finish_requests`` drops an aborted request's held steps
-    (``model_executor/stage_input_processors/kani_held_steps.py``). Other stages and producers call through.
-    """
-    if not hold_until_due():
-        return False
-    from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
-        OmniChunkTransferAdapter,
-    )
-
-    from vllm_omni_kani.model_executor.stage_input_processors import kani_held_steps
-
-    OmniChunkTransferAdapter.save_async = kani_held_steps.hold_until_due(OmniChunkTransferAdapter.save_async)
-    OmniChunkTransferAdapter.finish_requests = kani_held_steps.drop_on_finish(OmniChunkTransferAdapter.finish_requests)
-    return True
-
-
-@_patch(_vllm_omni_0_26)
 def hand_stage0_codes_as_step_rows() -> bool | None:
     """vllm-omni 0.26.0 (guard: 0.26.x), with ``KANI_STEP_CODE_ROWS`` on: a model flagged ``omni_step_code_rows``
     hands its step's codes to the scheduler as ``StepCodeRows`` (``worker/step_code_rows.py``).
@@ -897,7 +872,6 @@ def apply_all() -> list[str]:
             encode_pcm_with_numpy,
             log_request_summaries_off_the_event_loop,
             unlink_shm_chunks_of_aborted_requests,
-            hold_stage0_steps_until_due,
             hand_stage0_codes_as_step_rows,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,

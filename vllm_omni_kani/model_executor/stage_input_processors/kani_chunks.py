@@ -24,9 +24,6 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 DEFAULT_LEFT_CONTEXT_FRAMES = 28
 DEFAULT_INITIAL_CHUNK_FRAMES = 3
 DEFAULT_CHUNK_FRAMES = 16
-# Payload key (nested; flat: "kani.held_steps") of the codes of the earlier steps Stage 0's main thread held until a
-# chunk was due (kani_held_steps), oldest first; a step's own codes are under token_layout.CODES_KEY.
-HELD_STEPS_KEY = ("kani", "held_steps")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,6 @@ from vllm_omni.inputs.data import OmniTokensPrompt
 from vllm_omni_kani.envs import trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
-    HELD_STEPS_KEY,
     Chunk,
     ChunkPolicy,
     FrameStream,
@@ -48,30 +47,20 @@ _ENDED_WITHOUT_TERMINAL_CALL = frozenset(
 _TRACE = trace_chunks()
 
 
-def connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
-    """The connector's ``extra`` settings (the chunk policy's knobs) of a chunk transfer adapter."""
+def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
     config = getattr(getattr(transfer_manager, "connector", None), "config", None) or {}
     extra = config.get("extra", config) if isinstance(config, Mapping) else {}
     return extra if isinstance(extra, Mapping) else {}
 
 
-def _code_list(rows: Any) -> list[int] | None:
-    """One step's packed codes of one request (a CPU tensor from the runner) as plain ints."""
+def _step_codes(multimodal_output: Mapping[str, Any] | None) -> list[int] | None:
+    """This step's packed codes of one request (a CPU tensor from the runner) as plain ints."""
+    codes = (multimodal_output or {}).get(tl.CODES_KEY[0])
+    rows = codes.get(tl.CODES_KEY[1]) if isinstance(codes, Mapping) else None
     if rows is None:
         return None
     values = rows.tolist() if isinstance(rows, torch.Tensor) else np.asarray(rows).tolist()
     return values if isinstance(values, list) else [values]
-
-
-def _nested(payload: Mapping[str, Any] | None, key: tuple[str, str]) -> Any:
-    """``payload[key[0]][key[1]]`` of an unflattened payload, or None."""
-    outer = (payload or {}).get(key[0])
-    return outer.get(key[1]) if isinstance(outer, Mapping) else None
-
-
-def _step_codes(multimodal_output: Mapping[str, Any] | None) -> list[int] | None:
-    """This step's packed codes of one request as plain ints."""
-    return _code_list(_nested(multimodal_output, tl.CODES_KEY))
 
 
 def _sweep_aborted(payloads: dict[str, Any], keep: str) -> None:
@@ -122,12 +111,9 @@ def _async_chunk(
     if _STATE_KEY not in entry:
         entry[_STATE_KEY] = FrameStream(variant)
         entry["request"] = request
-        entry["policy"] = ChunkPolicy.from_extra(connector_extra(transfer_manager))
+        entry["policy"] = ChunkPolicy.from_extra(_connector_extra(transfer_manager))
     stream: FrameStream = entry[_STATE_KEY]
     if variant == "parallel":
-        # Steps the main thread held until this one (kani_held_steps), oldest first, then this step's own codes.
-        for rows in _nested(multimodal_output, HELD_STEPS_KEY) or ():
-            stream.add_step_codes(_code_list(rows))
         stream.add_step_codes(_step_codes(multimodal_output))
     # The live list, not a copy: it only grows, and add_tokens reads no further than the codes that arrived.
     stream.add_tokens(request.output_token_ids)
