@@ -120,35 +120,14 @@ class Chunk:
 
 
 @dataclass
-class ChunkCursor:
-    """How far a stream's chunks have gone: the frames sent and the chunks they went in."""
-
-    sent: int = 0
-    chunks: int = 0
-
-    def advance(self, policy: ChunkPolicy, frames: int, finished: bool) -> int | None:
-        """Account for the next chunk once ``frames`` exist, if one is due: returns the frames sent after it, else None.
-
-        A due chunk carries every whole multiple of its size that is pending (a stream that fell behind catches up in
-        one chunk); a finished stream sends the rest.
-        """
-        pending = frames - self.sent
-        target = policy.chunk_size(self.chunks)
-        if pending <= 0 or (not finished and pending < target):
-            return None
-        self.sent = frames if finished else self.sent + target * (pending // target)
-        self.chunks += 1
-        return self.sent
-
-
-@dataclass
 class FrameStream:
     """One request's frames so far and how many of them were already sent as new audio."""
 
     variant: str
     # one int per frame (token_layout.pack_frame), unpacked only when a window is sent
     frames: list[int] = field(default_factory=list)
-    cursor: ChunkCursor = field(default_factory=ChunkCursor)
+    sent: int = 0
+    chunks: int = 0
     # parallel: codebooks 2-4 packed as the model sends them (token_layout.pack_codes), one per kept step
     code_rows: list[int] = field(default_factory=list)
     tokens_paired: int = 0
@@ -177,7 +156,7 @@ class FrameStream:
                 tok = int(output_token_ids[k])
                 if tok == tl.END_OF_SPEECH:
                     self.done = True
-                if not self.done and tl.is_cb1_token(tok):
+                if not self.done and tl.AUDIO_TOKEN_OFFSET <= tok < tl.AUDIO_TOKEN_OFFSET + tl.CODEBOOK_SIZE:
                     self.frames.append((tok - tl.AUDIO_TOKEN_OFFSET) | (self.code_rows[k] << tl.CODE_BITS))
             self.tokens_paired = max(self.tokens_paired, upto)
         else:
@@ -198,17 +177,17 @@ class FrameStream:
         ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
         is finished every remaining frame goes out.
         """
-        start = self.cursor.sent
-        end = self.cursor.advance(policy, len(self.frames), finished)
-        if end is None:
+        pending = len(self.frames) - self.sent
+        target = policy.chunk_size(self.chunks)
+        if pending <= 0 or (not finished and pending < target):
             return None
-        left = min(policy.window_context_frames, start)
-        window = tl.unpack_frames(self.frames[start - left : end])
+        end = len(self.frames) if finished else self.sent + target * (pending // target)
+        left = min(policy.window_context_frames, self.sent)
+        window = tl.unpack_frames(self.frames[self.sent - left : end])
+        self.sent = end
+        self.chunks += 1
         return Chunk(
-            window=window,
-            left_context=left,
-            finished=finished and end == len(self.frames),
-            index=self.cursor.chunks - 1,
+            window=window, left_context=left, finished=finished and end == len(self.frames), index=self.chunks - 1
         )
 
 

@@ -145,7 +145,7 @@ def _async_chunk(
         logger.info(
             "kani trace: stage0 emit req=%s chunk=%d left=%d new=%d finished=%s frames_so_far=%d wall=%.6f",
             ext_id,
-            stream.cursor.chunks - 1,
+            stream.chunks - 1,
             chunk.left_context,
             chunk.new_frames,
             chunk.finished,

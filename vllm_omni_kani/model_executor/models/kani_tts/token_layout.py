@@ -107,8 +107,7 @@ def flat_token(code: int | np.ndarray, codebook: int | np.ndarray) -> int | np.n
     return AUDIO_TOKEN_OFFSET + code + CODEBOOK_SIZE * codebook
 
 
-def is_cb1_token(token_ids: int | np.ndarray) -> bool | np.ndarray:
-    """Whether each id is a codebook-1 audio code (the parallel layout's sampled audio token)."""
+def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
     return (token_ids >= AUDIO_TOKEN_OFFSET) & (token_ids < AUDIO_TOKEN_OFFSET + CODEBOOK_SIZE)
 
 
