@@ -110,6 +110,16 @@ def test_rows_cross_a_pickle_as_they_are():
     assert "ok" in run_python(code).stdout
 
 
+def test_on_unless_switched_off(monkeypatch):
+    monkeypatch.delenv(envs.KANI_STEP_CODE_ROWS, raising=False)
+    assert envs.step_code_rows()
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(envs.KANI_STEP_CODE_ROWS, off)
+        assert not envs.step_code_rows()
+    monkeypatch.setenv(envs.KANI_STEP_CODE_ROWS, "1")
+    assert envs.step_code_rows()
+
+
 def test_the_offline_pipeline_speaks_the_same_with_step_rows(tiny_parallel, tmp_path):
     """The offline pipeline, greedy, with ``KANI_STEP_CODE_ROWS`` on and off: the same audio (within one PCM16 step),
     and the run with it on says its Stage-0 runner handed the codes over as rows."""

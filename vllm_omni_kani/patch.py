@@ -539,7 +539,7 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
 
 @_patch(_vllm_omni_0_26)
 def hand_stage0_codes_as_step_rows() -> bool | None:
-    """vllm-omni 0.26.0 (guard: 0.26.x), with ``KANI_STEP_CODE_ROWS`` on: a model flagged ``omni_step_code_rows``
+    """vllm-omni 0.26.0 (guard: 0.26.x), unless ``KANI_STEP_CODE_ROWS=0``: a model flagged ``omni_step_code_rows``
     hands its step's codes to the scheduler as ``StepCodeRows`` (``worker/step_code_rows.py``).
 
     ``GPUARModelRunner._build_omni_model_runner_output_from_snapshot`` (``vllm_omni/worker/gpu_ar_model_runner.py``)

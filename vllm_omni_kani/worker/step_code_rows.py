@@ -6,7 +6,7 @@ keys and a tensor check, each a few Python calls per request per step. At 256 st
 Stage-0 main thread (py-spy, docs/BENCHMARKS.md, twenty-seventh and twenty-eighth sets), for a payload that is
 always the same: ``{"codes.audio": codes[start:end]}``, inter-stage only. ``StepCodeRows`` stands in for that list:
 the scheduler indexes it once per request (``omni_ar_scheduler.update_from_output``) and gets the same dict, built
-then, in one slice. Installed by ``patch.hand_stage0_codes_as_step_rows`` with ``KANI_STEP_CODE_ROWS=1``.
+then, in one slice. Installed by ``patch.hand_stage0_codes_as_step_rows`` unless ``KANI_STEP_CODE_ROWS=0``.
 """
 
 from __future__ import annotations

@@ -211,7 +211,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
     omni_pooler_payload_include_hidden = False
     # Ask the runner which sampled rows produce a kept token (not a chunked-prefill step).
     requires_request_sample_eligibility = True
-    # The step's payload is its host codes alone: with KANI_STEP_CODE_ROWS the runner may hand them over as one tensor
+    # The step's payload is its host codes alone: the runner may hand them over as one tensor
     # and per-request spans (worker/step_code_rows.py) rather than a dict per request.
     omni_step_code_rows = True
 
