@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.server_utils import REPO_ROOT
-from vllm_omni_kani.benchmarks import report
+from vllm_omni_kani.benchmarks import bench_tts, report
 from vllm_omni_kani.benchmarks.bench_tts import SAMPLES_PER_FRAME, percentile
 from vllm_omni_kani.cli import main
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE
@@ -40,6 +40,14 @@ LEVEL_KEYS = {
 pytestmark = pytest.mark.server
 
 
+def test_requests_per_level():
+    assert bench_tts.requests_per_level(256, 3, 8, 0.0) == 3  # --requests wins
+    assert bench_tts.requests_per_level(256, 0, 8, 0.0) == 2048
+    assert bench_tts.requests_per_level(256, 0, 0, 0.0) == 512
+    assert bench_tts.requests_per_level(64, 0, 0, 2.0) == 256
+    assert bench_tts.requests_per_level(2, 0, 0, 0.0) == 8
+
+
 def test_percentile_interpolates():
     assert percentile([], 50) is None
     assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
@@ -49,7 +57,8 @@ def test_percentile_interpolates():
 def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_path):
     server = omni_server(tiny_parallel, DEPLOY)
     argv = ["bench", "--url", server.base_url, "--model", server.model, "--label", "cpu", "--concurrency", "2"]
-    argv += ["--requests", "2", "--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path)]
+    # One wave: one request per stream.
+    argv += ["--waves", "1", "--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path)]
     assert main(argv) == 0
 
     result = json.loads((tmp_path / "cpu.json").read_text())

@@ -90,8 +90,10 @@
 #            same-instance A/B of an environment switch (e.g. KANI_FAST_DECODE_SLOTS=0); send beside `served`
 #   abenv    SERVED_ENV against the shipped file in one call, in AB_ORDER (default "env shipped env"; ~170 s a run
 #            once the machine is warm, so three fit one call): each run labelled by its place (LABEL-1, shipped-2,
-#            LABEL-3, with SERVED_ENV_LABEL), so no run's files overwrite another's; audio vs frames each, one pack;
-#            send after `served` (a fresh machine's first server compiles for minutes)
+#            LABEL-3, with SERVED_ENV_LABEL; numbered on from the runs an earlier abenv call on the same machine left), so
+#            no run's files overwrite another's; audio vs frames each, one pack; AB_WAVES=W sends W requests per stream
+#            at each level instead of 2 (W=8: ~55 s at 256 streams, ~200 s a run, two a call), for a steadier
+#            256-stream rate; send after `served` (a fresh machine's first server compiles for minutes)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -518,14 +520,16 @@ for phase in "$@"; do
       served_env "${SERVED_ENV_LABEL:-env}" "${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}" "${SERVED_ENV_LIMIT_S:-330}" ;;
     abenv)
       checkpoints
-      i=0
+      i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
         label="shipped-$i"
         [ "$side" = env ] && label="${SERVED_ENV_LABEL:-env}-$i"
         (
           if [ "$side" = env ]; then for kv in ${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}; do export "${kv?}"; done; fi
-          serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256
+          # shellcheck disable=SC2086
+          serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256 \
+            ${AB_WAVES:+--waves $AB_WAVES}
         )
         cleanup
         frames_check "$label"

@@ -4,11 +4,11 @@
 
 Each RUN is ``FRAMES:CONCURRENCY,...`` and writes ``R/L-fFRAMES.json``; ``FRAMES:CONCURRENCY:STAGGER_S``
 spreads the streams' first requests over STAGGER_S seconds (``bench --stagger-s``) and writes
-``R/L-fFRAMES-sSTAGGER_S.json``. The first run also checks one request
-end to end (streamed PCM == WAV). Every request is traced (``bench --trace``: the server logs its TTFA points,
-which ``benchmarks/ttfa_breakdown.py`` joins with the client's). Afterwards the server log is scanned for chunks the
-codec refused (a lost or out-of-order chunk would be logged there), and the count is written to
-``R/L-codec-errors.txt``.
+``R/L-fFRAMES-sSTAGGER_S.json``. ``--waves W`` sends W requests per stream at every level (default: bench's 2).
+The first run also checks one request end to end (streamed PCM == WAV). Every request is traced (``bench --trace``:
+the server logs its TTFA points, which ``benchmarks/ttfa_breakdown.py`` joins with the client's). Afterwards the
+server log is scanned for chunks the codec refused (a lost or out-of-order chunk would be logged there), and the count
+is written to ``R/L-codec-errors.txt``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--label", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=64)
+    parser.add_argument("--waves", type=int, default=0, help="requests per stream at each level (bench --waves)")
     parser.add_argument("runs", nargs="+", help="FRAMES:CONCURRENCY,...[:STAGGER_S] per sweep")
     args = parser.parse_args()
     # `timeout` ends a step with SIGTERM: leave through the context manager so the server stops too.
@@ -46,6 +47,7 @@ def main() -> None:
             argv = ["--url", server.url, "--model", args.ckpt, "--label", label]
             argv += [f"--stagger-s={s}" for s in stagger]
             argv += ["--max-new-frames", frames, "--concurrency", levels, "--warmup", str(args.warmup)]
+            argv += ["--waves", str(args.waves)]
             argv += ["--out", str(out), "--deploy-config-note", args.deploy_config, "--trace"]
             if i == 0:
                 argv.append("--e2e")

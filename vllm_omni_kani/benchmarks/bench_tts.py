@@ -282,6 +282,15 @@ def tokens_per_frame_of(model: str) -> int:
         return 1
 
 
+def requests_per_level(concurrency: int, requests: int | None, waves: int, stagger_s: float) -> int:
+    """``requests`` if given, else ``waves`` requests per stream, else 2 per stream (4 when staggered), at least 8."""
+    if requests:
+        return requests
+    if waves:
+        return waves * concurrency
+    return max((4 if stagger_s > 0 else 2) * concurrency, 8)
+
+
 async def run_levels(
     cfg: ClientConfig,
     concurrency: list[int],
@@ -290,6 +299,7 @@ async def run_levels(
     log: Any = print,
     on_level: Any = None,
     stagger_s: float = 0.0,
+    waves: int = 0,
 ) -> list[dict[str, Any]]:
     """Warm up, then one level per concurrency; ``on_level(levels so far)`` after each (partial results survive)."""
     if warmup:
@@ -299,7 +309,7 @@ async def run_levels(
         log(f"warm-up: {row['ok']}/{row['requests']} ok, TTFA p50 {_fmt(row['ttfa_ms_p50'])} ms")
     levels = []
     for c in concurrency:
-        n = requests if requests else max((4 if stagger_s > 0 else 2) * c, 8)
+        n = requests_per_level(c, requests, waves, stagger_s)
         row = await run_level(cfg, c, n, stagger_s=stagger_s)
         later = ""
         if stagger_s > 0:
@@ -351,7 +361,10 @@ def run_serve_bench(args: argparse.Namespace, url: str, model: str, label: str, 
         report.write_result(Path(args.out), label, result)
 
     stagger = getattr(args, "stagger_s", 0.0)
-    save(asyncio.run(run_levels(cfg, args.concurrency, args.requests, args.warmup, on_level=save, stagger_s=stagger)))
+    levels = run_levels(
+        cfg, args.concurrency, args.requests, args.warmup, on_level=save, stagger_s=stagger, waves=args.waves
+    )
+    save(asyncio.run(levels))
     return Path(args.out) / f"{label}.json"
 
 
@@ -367,6 +380,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=parse_int_list, default=list(DEFAULT_CONCURRENCY), help="e.g. 1,10,50")
     parser.add_argument(
         "--requests", type=int, default=0, help="requests per level (0: max(2 x concurrency, 8); 4 x with a stagger)"
+    )
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=0,
+        help="with --requests 0: this many requests per stream (waves x concurrency per level), for a longer level",
     )
     parser.add_argument(
         "--stagger-s",
