@@ -5,11 +5,17 @@ from __future__ import annotations
 import os
 
 TRUTHY = ("1", "true", "on", "yes")  # the values that turn a switch on, in any case
+FALSY = ("0", "false", "off", "no")  # the values that turn a default-on switch off, in any case
 
 
 def _flag(name: str) -> bool:
     """Whether the variable ``name`` is set to one of ``TRUTHY`` (any case)."""
     return os.environ.get(name, "").strip().lower() in TRUTHY
+
+
+def on_unless_off(name: str) -> bool:
+    """A default-on switch: whether the variable ``name`` is unset or not one of ``FALSY`` (any case)."""
+    return os.environ.get(name, "").strip().lower() not in FALSY
 
 
 # "1": log one line per chunk where Stage 0 emits it and per codec step (windows, decode time, wall clock), to
@@ -115,7 +121,6 @@ KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
 # every request's audio whole (docs/BENCHMARKS.md, "Twelfth set" and "Eighteenth set"); the third cuts the sampling's
 # device time at 256 rows from 0.65 to 0.29 ms, a served difference too small to resolve ("Twenty-fifth set").
 SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise", "top_k_open_columns")
-_FALSY = ("0", "false", "off", "no")
 
 
 def _patch_names(name: str, raw: str) -> frozenset[str]:
@@ -139,7 +144,7 @@ def stage0_sampler_patches() -> frozenset[str]:
     raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
     if not raw or raw in TRUTHY:
         return frozenset(SAMPLER_PATCH_NAMES)
-    if raw in _FALSY:
+    if raw in FALSY:
         return frozenset()
     return _patch_names(KANI_STAGE0_SAMPLER_PATCHES, raw)
 
@@ -184,4 +189,4 @@ def step_code_rows() -> bool:
     """``KANI_STEP_CODE_ROWS``: Stage 0's runner hands its step's codes to the scheduler as one host tensor and each
     request's token span (``worker/step_code_rows.py``) instead of vLLM-Omni's payload dict per request; on unless
     set to 0 (the A/B switch: the builder's dicts were 12.5% of Stage 0's main thread at 256 streams, 0.7% with it)."""
-    return os.environ.get(KANI_STEP_CODE_ROWS, "").strip().lower() not in _FALSY
+    return on_unless_off(KANI_STEP_CODE_ROWS)

@@ -283,7 +283,7 @@ def tokens_per_frame_of(model: str) -> int:
 
 
 def requests_per_level(concurrency: int, requests: int | None, waves: int, stagger_s: float) -> int:
-    """``requests`` if given, else ``waves`` requests per stream, else 2 per stream (4 when staggered), at least 8."""
+    """``requests`` if given, else ``waves`` per stream, else 2 per stream (4 when staggered) and at least 8."""
     if requests:
         return requests
     if waves:

@@ -11,7 +11,7 @@ the plugin function more than once.
 
 from __future__ import annotations
 
-import os
+from vllm_omni_kani.envs import on_unless_off
 
 PLATFORM_QUALNAME = "vllm_omni_kani.platforms.cpu.platform.CPUOmniPlatform"
 # Set to 0 to fall back to vLLM-Omni's own resolution (for example to compare with another CPU platform plugin).
@@ -23,7 +23,7 @@ def cpu_platform_plugin() -> str | None:
 
     Side-effect free and cheap, because vLLM-Omni calls it twice per process and swallows its exceptions.
     """
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+    if not on_unless_off(DISABLE_ENV):
         return None
     try:
         from vllm.platforms import current_platform
