@@ -132,16 +132,23 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
-# served_env LABEL "KEY=VALUE ..." LIMIT_S: the shipped file served (250 frames at 64 and 256 streams) with those
-# variables in every server process, then audio vs frames and step rates; packed as LABEL.
-served_env() {
-  checkpoints
+# serve_env LABEL "KEY=VALUE ..." LIMIT_S [OPTION...]: the shipped file served (250 frames at 64 and 256 streams) with
+# those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio vs frames.
+serve_env() {
+  local label=$1 env=$2 limit=$3
+  shift 3
   (
-    for kv in $2; do export "${kv?}"; done
-    serve_sweeps 0 "$1" "$CK/par" stage_configs/kani_tts.yaml "$3" 250:64,256
+    for kv in $env; do export "${kv?}"; done
+    serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "$limit" 250:64,256 "$@"
   )
   cleanup
-  frames_check "$1"
+  frames_check "$label"
+}
+
+# served_env LABEL "KEY=VALUE ..." LIMIT_S: serve_env, then step rates; packed as LABEL.
+served_env() {
+  checkpoints
+  serve_env "$1" "$2" "$3"
   step_rates
   pack "$1"
 }
@@ -523,16 +530,10 @@ for phase in "$@"; do
       i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
-        label="shipped-$i"
-        [ "$side" = env ] && label="${SERVED_ENV_LABEL:-env}-$i"
-        (
-          if [ "$side" = env ]; then for kv in ${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}; do export "${kv?}"; done; fi
-          # shellcheck disable=SC2086
-          serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "${SERVED_ENV_LIMIT_S:-330}" 250:64,256 \
-            ${AB_WAVES:+--waves $AB_WAVES}
-        )
-        cleanup
-        frames_check "$label"
+        label="shipped-$i" vars=""
+        [ "$side" = env ] && label="${SERVED_ENV_LABEL:-env}-$i" vars="${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}"
+        # shellcheck disable=SC2086
+        serve_env "$label" "$vars" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
       done
       step_rates
       pack abenv ;;
