@@ -108,6 +108,7 @@ def flat_token(code: int | np.ndarray, codebook: int | np.ndarray) -> int | np.n
 
 
 def is_cb1_token(token_ids: np.ndarray) -> np.ndarray:
+    """Whether each id is a codebook-1 audio code (the parallel layout's sampled audio token)."""
     return (token_ids >= AUDIO_TOKEN_OFFSET) & (token_ids < AUDIO_TOKEN_OFFSET + CODEBOOK_SIZE)
 
 
