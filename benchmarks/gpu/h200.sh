@@ -35,7 +35,8 @@
 #            picks (default output sched), audio vs frames each; send beside `served`
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
 #            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py);
-#            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes
+#            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes,
+#            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_lm_replicas.yaml)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
@@ -88,12 +89,14 @@
 #            streams, audio vs frames; send beside `served`
 #   servedenv  `served` with SERVED_ENV (KEY=VALUE ...) in the server's environment, labelled SERVED_ENV_LABEL: a
 #            same-instance A/B of an environment switch (e.g. KANI_FAST_DECODE_SLOTS=0); send beside `served`
-#   abenv    SERVED_ENV against the shipped file in one call, in AB_ORDER (default "env shipped env"; ~170 s a run
-#            once the machine is warm, so three fit one call): each run labelled by its place (LABEL-1, shipped-2,
-#            LABEL-3, with SERVED_ENV_LABEL; numbered on from the runs an earlier abenv call on the same machine left), so
-#            no run's files overwrite another's; audio vs frames each, one pack; AB_WAVES=W sends W requests per stream
-#            at each level instead of 2 (W=8: ~55 s at 256 streams, ~200 s a run, two a call), for a steadier
-#            256-stream rate; send after `served` (a fresh machine's first server compiles for minutes)
+#   abenv    SERVED_ENV (and/or SERVED_YAML, a deploy file served on that side instead of the shipped one, e.g.
+#            stage_configs/kani_tts_lm_replicas.yaml) against the shipped file in one call, in AB_ORDER (default
+#            "env shipped env"; ~170 s a run once the machine is warm, so three fit one call): each run labelled by its
+#            place (LABEL-1, shipped-2, LABEL-3, with SERVED_ENV_LABEL; numbered on from the runs an earlier abenv
+#            call on the same machine left), so no run's files overwrite another's; audio vs frames each, one pack;
+#            AB_WAVES=W sends W requests per stream at each level instead of 2 (W=8: ~55 s at 256 streams, ~200 s a
+#            run, two a call), for a steadier 256-stream rate; send after `served` (a fresh machine's first server
+#            compiles for minutes)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -132,14 +135,14 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
-# serve_env LABEL "KEY=VALUE ..." LIMIT_S [OPTION...]: the shipped file served (250 frames at 64 and 256 streams) with
-# those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio vs frames.
+# serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (250 frames at 64 and 256 streams) with those
+# variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio vs frames.
 serve_env() {
-  local label=$1 env=$2 limit=$3
-  shift 3
+  local label=$1 env=$2 yaml=$3 limit=$4
+  shift 4
   (
     for kv in $env; do export "${kv?}"; done
-    serve_sweeps 0 "$label" "$CK/par" stage_configs/kani_tts.yaml "$limit" 250:64,256 "$@"
+    serve_sweeps 0 "$label" "$CK/par" "$yaml" "$limit" 250:64,256 "$@"
   )
   cleanup
   frames_check "$label"
@@ -148,7 +151,7 @@ serve_env() {
 # served_env LABEL "KEY=VALUE ..." LIMIT_S: serve_env, then step rates; packed as LABEL.
 served_env() {
   checkpoints
-  serve_env "$1" "$2" "$3"
+  serve_env "$1" "$2" stage_configs/kani_tts.yaml "$3"
   step_rates
   pack "$1"
 }
@@ -277,7 +280,7 @@ for phase in "$@"; do
       pack asyncserved ;;
     profile)
       checkpoints
-      yaml=stage_configs/kani_tts.yaml
+      yaml=${PROFILE_YAML:-stage_configs/kani_tts.yaml}
       # shellcheck disable=SC2086
       [ -z "${PROFILE_CHANGES:-}" ] || { variant kani_tts_profile $PROFILE_CHANGES; yaml=stage_configs/kani_tts_profile.yaml; }
       step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
@@ -528,12 +531,15 @@ for phase in "$@"; do
     abenv)
       checkpoints
       i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
+      [ -n "${SERVED_ENV:-}${SERVED_YAML:-}" ] || { echo "abenv needs SERVED_ENV=KEY=VALUE... or SERVED_YAML"; exit 2; }
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
-        label="shipped-$i" vars=""
-        [ "$side" = env ] && label="${SERVED_ENV_LABEL:-env}-$i" vars="${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}"
+        label="shipped-$i" vars="" yaml=stage_configs/kani_tts.yaml
+        if [ "$side" = env ]; then
+          label="${SERVED_ENV_LABEL:-env}-$i" vars="${SERVED_ENV:-}" yaml="${SERVED_YAML:-$yaml}"
+        fi
         # shellcheck disable=SC2086
-        serve_env "$label" "$vars" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
+        serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
       done
       step_rates
       pack abenv ;;
