@@ -7,7 +7,9 @@ of C streams starts C requests at once and each stream sends its next request wh
 requests move in waves of C: the first sent together, the next as the first end. Per level and wave (requests in
 sending order, C at a time): the span of their sending, the TTFA p50 / p95, the time from first byte to end (p50),
 and when the wave's first and last requests ended, all from the level's first send. A wave's time before its first
-audio is time its streams deliver nothing.
+audio is time its streams deliver nothing. A request that ended without audio (no ``first_byte``: an error, or a
+checkpoint that ended speech at once) keeps its place in its wave but is left out of the TTFA and first-byte
+percentiles and counted as ``no audio``.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ def waves(level: dict) -> list[dict[str, float]]:
     if not trace:
         return []
     sent = np.array([r["sent"] for r in trace])
-    first = np.array([r["first_byte"] for r in trace])
+    first = np.array([np.nan if r["first_byte"] is None else r["first_byte"] for r in trace])
     end = np.array([r["end"] for r in trace])
     start, order, size = sent.min(), np.argsort(sent, kind="stable"), int(level["concurrency"])
     rows = []
     for w in range(0, len(trace), size):
         idx = order[w : w + size]
-        ttfa, streaming = first[idx] - sent[idx], end[idx] - first[idx]
+        audio = idx[~np.isnan(first[idx])]
+        ttfa, streaming = first[audio] - sent[audio], end[audio] - first[audio]
         rows.append(
             {
                 "wave": w // size,
                 "requests": int(idx.size),
+                "no_audio": int(idx.size - audio.size),
                 "sent_from_s": round(float(sent[idx].min() - start), 3),
                 "sent_to_s": round(float(sent[idx].max() - start), 3),
                 "ttfa_p50_s": round(float(np.percentile(ttfa, 50)), 3),
@@ -55,15 +59,15 @@ def main() -> None:
     args = parser.parse_args()
     result = json.loads(args.bench_json.read_text())
     out = []
-    print("| streams | wave | sent (s) | TTFA p50 / p95 (s) | first byte → end p50 (s) | ended (s) |")
-    print("|---|---|---|---|---|---|")
+    print("| streams | wave | sent (s) | TTFA p50 / p95 (s) | first byte → end p50 (s) | ended (s) | no audio |")
+    print("|---|---|---|---|---|---|---|")
     for level in result["levels"]:
         for row in waves(level):
             out.append({"concurrency": level["concurrency"], **row})
             print(
                 f"| {level['concurrency']} | {row['wave']} | {row['sent_from_s']:.2f}–{row['sent_to_s']:.2f} "
                 f"| {row['ttfa_p50_s']:.2f} / {row['ttfa_p95_s']:.2f} | {row['streaming_p50_s']:.2f} "
-                f"| {row['ended_from_s']:.2f}–{row['ended_to_s']:.2f} |"
+                f"| {row['ended_from_s']:.2f}–{row['ended_to_s']:.2f} | {row['no_audio']} |"
             )
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))

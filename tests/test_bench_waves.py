@@ -27,3 +27,15 @@ def test_each_level_splits_into_waves_of_its_streams():
 def test_the_script_prints_one_table_row_per_wave():
     out = run_benchmark_script("bench_waves", RUN)
     assert out.count("\n| 64 |") == 2 and out.count("\n| 256 |") == 2, out
+
+
+def test_a_request_without_audio_keeps_its_wave_and_is_counted_apart():
+    """Thirtieth set, run 1: one request of the 256-stream level ended with HTTP 200 and no audio (first_byte null)."""
+    run = REPO_ROOT / "benchmarks" / "results" / "h200-thirtieth" / "1-shipped" / "shipped-1-f250.json"
+    level = json.loads(run.read_text())["levels"][1]
+    silent = [r["id"] for r in level["trace"] if r["first_byte"] is None]
+    assert len(silent) == 1
+    rows = bench_waves.waves(level)
+    assert [r["requests"] for r in rows] == [256] * 8 and sum(r["no_audio"] for r in rows) == 1
+    for row in rows:
+        assert 0 < row["ttfa_p50_s"] <= row["ttfa_p95_s"] and row["streaming_p50_s"] > 0
