@@ -196,7 +196,54 @@ def test_cpu_audio_is_handed_over_as_it_is():
     from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import audio_to_host
 
     audio = [torch.randn(SPF), torch.empty(0)]
-    assert all(got is want for got, want in zip(audio_to_host(audio), audio, strict=True))
+    for non_blocking in (False, True):
+        assert all(got is want for got, want in zip(audio_to_host(audio, non_blocking), audio, strict=True))
+
+
+@pytest.mark.parametrize("switch", ["", "0", "1", "on"])
+def test_the_copy_skips_the_wait_only_on_cuda_under_async_scheduling_when_switched_on(monkeypatch, switch):
+    from vllm_omni_kani.envs import KANI_CODEC_ASYNC_COPY
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import copies_audio_without_waiting
+
+    monkeypatch.setenv(KANI_CODEC_ASYNC_COPY, switch)
+    on = switch in ("1", "on")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert copies_audio_without_waiting(True, cuda) is on
+    # Without async scheduling the runner hands its output straight to the engine; a CPU decode has nothing to copy.
+    assert not any(copies_audio_without_waiting(a, d) for a, d in ((False, cuda), (None, cuda), (True, cpu)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the copy that skips the wait only exists for device audio")
+def test_audio_in_one_copy_without_waiting_is_whole_once_vllms_async_output_is_read():
+    """The contract ``audio_to_host(non_blocking=True)`` relies on: vLLM's ``AsyncGPUModelRunnerOutput`` (built the
+    way vLLM-Omni's generation runner builds it, after the forward) makes its copy stream wait for the forward's
+    stream, and ``get_output()`` syncs on that; the audio is produced by a long chain of kernels just before."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.worker.gpu_model_runner import AsyncGPUModelRunnerOutput
+
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import audio_to_host
+
+    device = torch.device("cuda")
+    x = torch.randn(2048, 2048, device=device) / 2048**0.5
+    for _ in range(200):  # tens of ms of queued work before the audio exists
+        x = torch.tanh(x @ x) * 1.5
+    batch = x[:3, :512].repeat(1, 4 * SPF // 512 + 1)[:, : 4 * SPF].contiguous()
+    audio = [batch[0, : 2 * SPF], torch.empty(0, device=device), batch[2], batch[1, :SPF]]
+    host = audio_to_host(audio, non_blocking=True)
+    assert [w.device.type for w in host] == ["cpu"] * 4 and host[0].is_pinned()
+    ids = [f"r{i}" for i in range(len(audio))]
+    runner_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)})
+    pending = AsyncGPUModelRunnerOutput(
+        model_runner_output=runner_output,
+        sampled_token_ids=torch.tensor([], device=device),
+        logprobs_tensors=None,
+        invalid_req_indices=[],
+        async_output_copy_stream=torch.cuda.Stream(),
+        vocab_size=1,
+    )
+    assert pending.get_output() is runner_output
+    for got, want in zip(host, audio, strict=True):
+        assert torch.equal(got, want.cpu())
 
 
 def test_a_kernel_trace_window_records_the_codec_step(stage, tmp_path):

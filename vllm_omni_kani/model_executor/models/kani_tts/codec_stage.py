@@ -38,7 +38,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
-from vllm_omni_kani.envs import trace_chunks
+from vllm_omni_kani.envs import codec_async_copy, trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
@@ -113,20 +113,35 @@ def stream_position(info: Any) -> tuple[int | None, bool]:
     return (None if seq is None else int(seq)), bool(_first(meta.get("stream_finished", False)))
 
 
-def audio_to_host(audio: list[torch.Tensor]) -> list[torch.Tensor]:
+def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False) -> list[torch.Tensor]:
     """Each request's audio on the CPU, through one device-to-host copy for the whole step.
 
     vLLM-Omni's generation runner copies every request's output to the CPU itself, one blocking copy per request
     (256 a step at 256 streams, each a device sync and a GIL round trip); for a CPU tensor that copy is a no-op.
+    ``non_blocking``: the copy lands in pinned host memory and nothing waits for it here. Only for a runner that wraps
+    the step's output in vLLM's ``AsyncGPUModelRunnerOutput`` (async scheduling): its copy stream waits for this
+    stream and ``get_output()`` syncs on that, so the samples are whole before the engine reads them, while the step
+    loop schedules and launches the next step in the meantime (``copies_audio_without_waiting``).
     """
     on_device = [i for i, wav in enumerate(audio) if wav.device.type != "cpu"]
     if not on_device:
         return audio
-    flat = torch.cat([audio[i].reshape(-1).float() for i in on_device]).cpu()
+    flat = torch.cat([audio[i].reshape(-1).float() for i in on_device])
+    if non_blocking:
+        flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat, non_blocking=True)
+    else:
+        flat = flat.cpu()
     out = list(audio)
     for i, part in zip(on_device, flat.split([audio[i].numel() for i in on_device]), strict=True):
         out[i] = part.view(audio[i].shape)
     return out
+
+
+def copies_audio_without_waiting(async_scheduling: bool | None, device: torch.device) -> bool:
+    """Whether a codec stage's steps hand their audio over with ``audio_to_host(non_blocking=True)``: on CUDA, under
+    vLLM's async scheduling (vLLM turns it on for Stage 1 unless the YAML turns it off), with ``KANI_CODEC_ASYNC_COPY``.
+    Without async scheduling the runner's output goes to the engine as it is, so the copy must be whole first."""
+    return codec_async_copy() and bool(async_scheduling) and device.type == "cuda"
 
 
 class KaniNanoCodecForGeneration(nn.Module):
@@ -164,6 +179,11 @@ class KaniNanoCodecForGeneration(nn.Module):
         )
         self._trace = trace_chunks()
         self.kernel_trace = KernelTrace("stage1", cuda=self.decoder.device.type == "cuda")
+        self.async_audio_copy = copies_audio_without_waiting(
+            getattr(vllm_config.scheduler_config, "async_scheduling", False), self.decoder.device
+        )
+        if self.async_audio_copy:
+            logger.info("Kani codec stage: audio copied to the host without waiting (async scheduling)")
 
     def _make_streams(self) -> CodecStreams:
         config = additional_config(self.vllm_config)
@@ -377,5 +397,6 @@ class KaniNanoCodecForGeneration(nn.Module):
             self._log_step(started, windows + [c.frames for _, c in streamed], lefts + [0] * len(streamed))
         sr = torch.tensor(self.sample_rate)
         return OmniOutput(
-            text_hidden_states=None, multimodal_outputs={"model_outputs": audio_to_host(audio), "sr": [sr] * num_reqs}
+            text_hidden_states=None,
+            multimodal_outputs={"model_outputs": audio_to_host(audio, self.async_audio_copy), "sr": [sr] * num_reqs},
         )
