@@ -227,7 +227,7 @@ def test_audio_in_one_copy_without_waiting_is_whole_once_vllms_async_output_is_r
     x = torch.randn(2048, 2048, device=device) / 2048**0.5
     for _ in range(200):  # tens of ms of queued work before the audio exists
         x = torch.tanh(x @ x) * 1.5
-    batch = x[:3, :512].repeat(1, 4 * SPF // 512 + 1)[:, : 4 * SPF].contiguous()
+    batch = x[:3].repeat(1, 4)[:, : 4 * SPF]  # 3 rows of 4 frames, produced by the queued chain
     audio = [batch[0, : 2 * SPF], torch.empty(0, device=device), batch[2], batch[1, :SPF]]
     host = audio_to_host(audio, non_blocking=True)
     assert [w.device.type for w in host] == ["cpu"] * 4 and host[0].is_pinned()
