@@ -95,8 +95,9 @@
 #            place (LABEL-1, shipped-2, LABEL-3, with SERVED_ENV_LABEL; numbered on from the runs an earlier abenv
 #            call on the same machine left), so no run's files overwrite another's; audio vs frames each, one pack;
 #            AB_WAVES=W sends W requests per stream at each level instead of 2 (W=8: ~55 s at 256 streams, ~200 s a
-#            run, two a call), for a steadier 256-stream rate; send after `served` (a fresh machine's first server
-#            compiles for minutes)
+#            run, two a call), for a steadier 256-stream rate; AB_YAML serves another file on both sides (e.g. the
+#            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped); send
+#            after `served` (a fresh machine's first server compiles for minutes)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -534,7 +535,7 @@ for phase in "$@"; do
       [ -n "${SERVED_ENV:-}${SERVED_YAML:-}" ] || { echo "abenv needs SERVED_ENV=KEY=VALUE... or SERVED_YAML"; exit 2; }
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
-        label="shipped-$i" vars="" yaml=stage_configs/kani_tts.yaml
+        label="${AB_BASE_LABEL:-shipped}-$i" vars="" yaml="${AB_YAML:-stage_configs/kani_tts.yaml}"
         if [ "$side" = env ]; then
           label="${SERVED_ENV_LABEL:-env}-$i" vars="${SERVED_ENV:-}" yaml="${SERVED_YAML:-$yaml}"
         fi
