@@ -96,8 +96,9 @@
 #            call on the same machine left), so no run's files overwrite another's; audio vs frames each, one pack;
 #            AB_WAVES=W sends W requests per stream at each level instead of 2 (W=8: ~55 s at 256 streams, ~200 s a
 #            run, two a call), for a steadier 256-stream rate; AB_YAML serves another file on both sides (e.g. the
-#            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped); send
-#            after `served` (a fresh machine's first server compiles for minutes)
+#            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped);
+#            AB_SWEEPS replaces the sweeps (default 250:64,256; e.g. "64:1,64,256 250:1" for one stream and short
+#            requests); send after `served` (a fresh machine's first server compiles for minutes)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -136,14 +137,16 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
-# serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (250 frames at 64 and 256 streams) with those
-# variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio vs frames.
+# serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (AB_SWEEPS, default 250 frames at 64 and 256
+# streams) with those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio
+# vs frames.
 serve_env() {
   local label=$1 env=$2 yaml=$3 limit=$4
   shift 4
   (
     for kv in $env; do export "${kv?}"; done
-    serve_sweeps 0 "$label" "$CK/par" "$yaml" "$limit" 250:64,256 "$@"
+    # shellcheck disable=SC2086
+    serve_sweeps 0 "$label" "$CK/par" "$yaml" "$limit" ${AB_SWEEPS:-250:64,256} "$@"
   )
   cleanup
   frames_check "$label"
