@@ -200,13 +200,13 @@ def test_cpu_audio_is_handed_over_as_it_is():
         assert all(got is want for got, want in zip(audio_to_host(audio, non_blocking), audio, strict=True))
 
 
-@pytest.mark.parametrize("switch", ["", "0", "1", "on"])
-def test_the_copy_skips_the_wait_only_on_cuda_under_async_scheduling_when_switched_on(monkeypatch, switch):
+@pytest.mark.parametrize("switch", ["", "0", "1", "off", "on"])
+def test_the_copy_skips_the_wait_only_on_cuda_under_async_scheduling_unless_switched_off(monkeypatch, switch):
     from vllm_omni_kani.envs import KANI_CODEC_ASYNC_COPY
     from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import copies_audio_without_waiting
 
     monkeypatch.setenv(KANI_CODEC_ASYNC_COPY, switch)
-    on = switch in ("1", "on")
+    on = switch not in ("0", "off")
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert copies_audio_without_waiting(True, cuda) is on
     # Without async scheduling the runner hands its output straight to the engine; a CPU decode has nothing to copy.
