@@ -8,6 +8,7 @@ import random
 import re
 
 import numpy as np
+import pytest
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -22,6 +23,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from tests.conftest import REPO_ROOT, speak_offline
 from vllm_omni_kani.core.sched import decode_slots
+from vllm_omni_kani.envs import KANI_FAST_DECODE_SLOTS, fast_decode_slots
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLES_PER_FRAME
 
 MAX_LEN = 256
@@ -126,6 +128,12 @@ def test_the_check_stays_out_where_it_does_not_know_the_path():
     assert manager.allocate_slots == original
 
 
+@pytest.mark.parametrize("value", ["", "1", "on", "0", "off", "false", "No"])
+def test_the_check_is_on_unless_switched_off_as_every_default_on_switch_reads(monkeypatch, value):
+    monkeypatch.setenv(KANI_FAST_DECODE_SLOTS, value)
+    assert fast_decode_slots() is (value.lower() not in ("0", "off", "false", "no"))
+
+
 def test_a_served_pipeline_speaks_the_same_without_the_check(tiny_parallel, tmp_path):
     """The offline pipeline, greedy, with ``KANI_FAST_DECODE_SLOTS=0`` and without: the same audio (within one PCM16
     step), and each run's Stage-0 scheduler says which path its decode steps took."""
@@ -133,7 +141,7 @@ def test_a_served_pipeline_speaks_the_same_without_the_check(tiny_parallel, tmp_
     audio = {}
     yaml = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
     for name, env_value in (("vllm", "0"), ("check", "1")):
-        env = {decode_slots.ENV: env_value}
+        env = {KANI_FAST_DECODE_SLOTS: env_value}
         log, audio[name] = speak_offline(tiny_parallel, yaml, texts, tmp_path / name, max_new_tokens=40, env=env)
         said = "take" if name == "vllm" else "skip"
         assert re.search(rf"Kani Stage-0 scheduler: decode steps {said} vLLM's slot allocation", log), log[-3000:]

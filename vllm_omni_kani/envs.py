@@ -192,6 +192,15 @@ def step_code_rows() -> bool:
     return on_unless_off(KANI_STEP_CODE_ROWS)
 
 
+KANI_FAST_DECODE_SLOTS = "KANI_FAST_DECODE_SLOTS"
+
+
+def fast_decode_slots() -> bool:
+    """``KANI_FAST_DECODE_SLOTS``: Stage 0's decode steps skip vLLM's slot allocation where a request's KV blocks
+    already hold the new token (``core/sched/decode_slots.py``); on unless set to 0 (the A/B switch)."""
+    return on_unless_off(KANI_FAST_DECODE_SLOTS)
+
+
 KANI_CODEC_ASYNC_COPY = "KANI_CODEC_ASYNC_COPY"
 
 

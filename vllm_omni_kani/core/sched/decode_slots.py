@@ -8,27 +8,21 @@ answers such a call as the full path would, with the manager's empty blocks, aft
 the full path would allocate and free nothing; any other call (a prompt, a new block, prefix caching, lookahead,
 a kind of group this module does not know) takes vLLM's path unchanged.
 
-``KANI_FAST_DECODE_SLOTS=0`` leaves vLLM's path alone (the A/B switch).
+``KANI_FAST_DECODE_SLOTS=0`` (``envs.fast_decode_slots``) leaves vLLM's path alone (the A/B switch).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from vllm.v1.request import RequestStatus
 
+from vllm_omni_kani.envs import fast_decode_slots
+
 logger = logging.getLogger(__name__)
-
-ENV = "KANI_FAST_DECODE_SLOTS"
-
-
-def enabled() -> bool:
-    """On unless ``KANI_FAST_DECODE_SLOTS=0``."""
-    return os.environ.get(ENV, "1") != "0"
 
 
 def _known_managers(manager: KVCacheManager) -> list[Any] | None:
@@ -111,5 +105,5 @@ class FastDecodeSlots:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        installed = enabled() and install(self.kv_cache_manager)
+        installed = fast_decode_slots() and install(self.kv_cache_manager)
         logger.info("Kani Stage-0 scheduler: decode steps %s vLLM's slot allocation", "skip" if installed else "take")
