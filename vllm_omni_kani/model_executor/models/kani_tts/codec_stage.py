@@ -140,8 +140,8 @@ def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False) -> list
 def copies_audio_without_waiting(async_scheduling: bool | None, device: torch.device) -> bool:
     """Whether a codec stage's steps hand their audio over with ``audio_to_host(non_blocking=True)``: on CUDA, under
     vLLM's async scheduling (vLLM turns it on for Stage 1 unless the YAML turns it off), unless
-    ``KANI_CODEC_ASYNC_COPY`` is 0. Without async scheduling the runner's output goes to the engine as it is, so the
-    copy must be whole first."""
+    ``KANI_CODEC_ASYNC_COPY`` turns it off (0). Without async scheduling the runner's output goes to the engine as it
+    is, so the copy must be whole first."""
     return codec_async_copy() and bool(async_scheduling) and device.type == "cuda"
 
 
