@@ -63,7 +63,7 @@ def test_a_padded_payload_is_lost_under_the_deferred_builder():
 def test_the_host_codes_are_whole_once_a_later_copy_on_the_stream_is():
     """The host codes are read only after the step's sampled tokens reach the host; a copy queued after them on the
     same stream finishing means theirs did, even behind a long queue of kernels."""
-    from vllm_omni_kani.model_executor.models.kani_tts.kani_tts_lm import to_host_in_stream_order
+    from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import to_host_in_stream_order
 
     device = torch.device("cuda")
     big = torch.randn(4096, 4096, device=device)

@@ -61,6 +61,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import (
     check_replay_plan,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
+from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import to_host_in_stream_order
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
 
 logger = init_logger(__name__)
@@ -127,10 +128,7 @@ def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False) -> list
     if not on_device:
         return audio
     flat = torch.cat([audio[i].reshape(-1).float() for i in on_device])
-    if non_blocking:
-        flat = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True).copy_(flat, non_blocking=True)
-    else:
-        flat = flat.cpu()
+    flat = to_host_in_stream_order(flat) if non_blocking else flat.cpu()
     out = list(audio)
     for i, part in zip(on_device, flat.split([audio[i].numel() for i in on_device]), strict=True):
         out[i] = part.view(audio[i].shape)

@@ -44,7 +44,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLev
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
 from vllm_omni_kani.model_executor.models.kani_tts.lora import without_lora
-from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import PinnedStaging
+from vllm_omni_kani.model_executor.models.kani_tts.pinned_staging import PinnedStaging, to_host_in_stream_order
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 from vllm_omni_kani.model_executor.models.kani_tts.step_meter import StepMeter
 
@@ -149,20 +149,6 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
             logger.warning("checkpoint has no %s: %s keeps its initial value", name, names[name])
             params[names[name]].data.zero_()
         return loaded | set(names.values())
-
-
-def to_host_in_stream_order(codes: torch.Tensor) -> torch.Tensor:
-    """The step's codes in new pinned host memory, copied without waiting for the device.
-
-    vLLM-Omni's output builder would copy them with ``.to("cpu")``, which waits for the step's kernels: under async
-    scheduling that wait is the only one between two steps. Nothing reads the host codes before the step's sampled
-    tokens reach the host (the sync runner waits for those before building outputs; the async one before the scheduler
-    sees the step), and those copies are queued after this one on the same stream. Not for vLLM-Omni's deferred
-    output building, which clones host tensors at once.
-    """
-    host = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
-    host.copy_(codes, non_blocking=True)
-    return host
 
 
 def scheduled_tokens(hidden: torch.Tensor, kwargs: dict[str, Any]) -> int:

@@ -1,4 +1,5 @@
-"""Small host-to-device copies through a ring of pinned buffers that live across steps.
+"""Copies through pinned host memory that never wait for the device: small host-to-device copies through a ring of
+pinned buffers that live across steps, and a step's device output into new pinned memory (``to_host_in_stream_order``).
 
 A copy from pageable memory waits for the stream to reach it (it stages through the driver's buffer), which costs a
 step its overlap with the forward pass; pinning a new tensor every step, as vLLM's penalties do, cost 4.8% of a
@@ -37,3 +38,18 @@ class PinnedStaging:
         event = self._events[i] = torch.cuda.Event()
         event.record()
         return out
+
+
+def to_host_in_stream_order(values: torch.Tensor) -> torch.Tensor:
+    """``values`` in new pinned host memory, copied without waiting for the device.
+
+    A ``.cpu()`` / ``.to("cpu")`` waits for the step's kernels; under async scheduling that wait is the only one
+    between two steps. For a caller whose host tensor is read only after a later wait on the same stream: Stage 0's
+    codes are read after the step's sampled tokens reach the host (the sync runner waits for those before building
+    outputs, the async one before the scheduler sees the step, and those copies are queued after this one; not for
+    vLLM-Omni's deferred output building, which clones host tensors at once), the codec's audio after vLLM's
+    ``AsyncGPUModelRunnerOutput.get_output()`` syncs its copy stream, which waits for this one.
+    """
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    return host
