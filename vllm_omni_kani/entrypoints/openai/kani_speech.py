@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from vllm_omni_kani.entrypoints import output_handoff
+from vllm_omni_kani.entrypoints.openai import warmup
 from vllm_omni_kani.entrypoints.openai.early_start import EarlyStart
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
@@ -102,7 +103,9 @@ async def prepare_kani_speech(
     entry = guard.entry if guard else None
     if entry is not None:
         entry.stamp("handler")
-    timing = SpeechTiming(streaming, native, arrival=entry.admitted_at if entry else time.perf_counter())
+    timing = SpeechTiming(
+        streaming, native, arrival=entry.admitted_at if entry else time.perf_counter(), recorded=warmup.recording()
+    )
     first_id, first_gen, tts_params = await original(
         server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
     )

@@ -96,11 +96,13 @@ class SpeechTiming:
 
     ``arrival`` is a ``time.perf_counter()`` value (the admission time when the request went through the speech
     middleware). Audio is counted in samples at the codec's rate, so resampled output does not skew the RTF.
+    ``recorded`` False keeps a request out of the metrics (the start-up warm-up's, ``warmup.py``).
     """
 
     stream: bool
     sample_rate: int
     arrival: float = field(default_factory=time.perf_counter)
+    recorded: bool = True
     samples: int = 0
     first_audio_s: float | None = None
 
@@ -109,12 +111,13 @@ class SpeechTiming:
         if num_samples <= 0:
             return False
         self.samples += num_samples
-        metrics = speech_metrics()
-        metrics.audio_seconds.inc(num_samples / self.sample_rate)
+        if self.recorded:
+            speech_metrics().audio_seconds.inc(num_samples / self.sample_rate)
         if self.first_audio_s is not None:
             return False
         self.first_audio_s = time.perf_counter() - self.arrival
-        metrics.ttfa.labels(stream=_label(self.stream)).observe(self.first_audio_s)
+        if self.recorded:
+            speech_metrics().ttfa.labels(stream=_label(self.stream)).observe(self.first_audio_s)
         return True
 
     def finish(self) -> float | None:
@@ -122,7 +125,8 @@ class SpeechTiming:
         if self.samples == 0:
             return None
         rtf = (time.perf_counter() - self.arrival) / (self.samples / self.sample_rate)
-        speech_metrics().rtf.labels(stream=_label(self.stream)).observe(rtf)
+        if self.recorded:
+            speech_metrics().rtf.labels(stream=_label(self.stream)).observe(rtf)
         return rtf
 
 
