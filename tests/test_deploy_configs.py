@@ -39,21 +39,29 @@ def test_every_deploy_file_loads_as_a_kani_pipeline(path):
             assert len(_replica_devices(path, stage.stage_id)) == stage.num_replicas
 
 
-def test_lm_replicas_runs_two_stage0_engines_and_one_codec_on_gpu_0():
-    path = STAGE_CONFIGS / "kani_tts_lm_replicas.yaml"
+def test_the_shipped_file_runs_two_stage0_engines_and_one_codec_on_gpu_0():
+    path = STAGE_CONFIGS / "kani_tts.yaml"
     assert _replica_devices(path, 0) == ["0", "0"]
     assert _stage(path, 1).num_replicas == 1 and _stage(path, 1).devices == "0"
 
 
-def test_lm_replicas_changes_nothing_else_of_the_shipped_file():
-    """The measured difference (docs/BENCHMARKS.md, thirteenth set) is the replica count alone."""
+def test_one_lm_changes_nothing_else_of_the_shipped_file():
+    """The measured difference (docs/BENCHMARKS.md, thirteenth and thirtieth to thirty-second sets) is the Stage-0
+    replica count alone."""
     shipped = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts.yaml")
-    replicas = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts_lm_replicas.yaml")
-    stage0 = dict(replicas["stages"][0])
-    assert (stage0.pop("num_replicas"), stage0.pop("devices")) == (2, "0,0")
-    assert stage0 == {k: v for k, v in shipped["stages"][0].items() if k != "devices"}
-    assert replicas["stages"][1] == shipped["stages"][1]
-    assert {k: v for k, v in replicas.items() if k != "stages"} == {k: v for k, v in shipped.items() if k != "stages"}
+    one = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts_one_lm.yaml")
+    stage0 = dict(one["stages"][0])
+    assert (stage0.pop("num_replicas"), stage0.pop("devices")) == (1, "0")
+    assert stage0 == {k: v for k, v in shipped["stages"][0].items() if k not in ("num_replicas", "devices")}
+    assert one["stages"][1] == shipped["stages"][1]
+    assert {k: v for k, v in one.items() if k != "stages"} == {k: v for k, v in shipped.items() if k != "stages"}
+
+
+@pytest.mark.parametrize("name", ["kani_tts_codec_replicas.yaml", "kani_tts_multinode.yaml"])
+def test_codec_replica_files_keep_one_stage0_engine(name):
+    """Files that place Stage 0 on one device set one engine there; the shipped file's two would not split over it."""
+    stage0 = _stage(STAGE_CONFIGS / name, 0)
+    assert (stage0.num_replicas, stage0.devices) == (1, "0")
 
 
 def _vllm_default_capture_sizes(max_num_seqs: int) -> list[int]:

@@ -36,7 +36,7 @@
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
 #            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py);
 #            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes,
-#            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_lm_replicas.yaml)
+#            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_one_lm.yaml: one Stage-0 engine)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
@@ -48,7 +48,7 @@
 #            servedoff: the same with the API server's patches off (KANI_DISABLE_PATCHES), to measure them
 #   servedkernels  2 s (KERNEL_TRACE_S) of every engine process's GPU activity at once while 256 streams of 250 frames
 #            are served (KANI_KERNEL_TRACE, profile_served.py --kernel-trace-s), kani_tts.yaml then
-#            kani_tts_lm_replicas.yaml (KERNEL_YAMLS names others): GPU time per process, their union, the heaviest
+#            kani_tts_one_lm.yaml (KERNEL_YAMLS names others): GPU time per process, their union, the heaviest
 #            kernels (kernel_share.py)
 #   servedgil  the same as served with every process's GIL switch interval at GIL_MS ms (default 0.5;
 #            KANI_GIL_SWITCH_INTERVAL_MS) instead of CPython's 5 ms: does the step loop wait for the GIL after each
@@ -69,11 +69,12 @@
 #            device time); stockkernels: the same for stock vLLM LFM2 (one call each: a fresh compile is ~100 s)
 #   mps      the shipped YAML served under an MPS daemon (started for the phase, quit after it), so Stage 0's and
 #            the codec's kernels can share the GPU at once instead of time-slicing between their processes;
-#            MPS_YAML=stage_configs/kani_tts_lm_replicas.yaml serves that file instead (250-frame requests only)
+#            MPS_YAML=stage_configs/kani_tts_one_lm.yaml serves that file instead (250-frame requests only)
 #   memory   the codec graphs' memory (benchmarks/codec_graph_memory.py) under vLLM's load-time allocator limit
 #            (max_split_size_mb 20), lifted around the capture as the codec stage does and not
-#   lmreplicas  kani_tts_lm_replicas.yaml (two Stage-0 engines beside one codec on GPU 0; LM_REPLICAS=3 for three)
-#            at 64 and 256 streams of 250 frames, audio vs frames; send after `served` for the one-engine reference
+#   lmreplicas  kani_tts.yaml with LM_REPLICAS Stage-0 engines (default 3; the shipped file runs 2, 1 serves
+#            kani_tts_one_lm.yaml) beside one codec on GPU 0, at 64 and 256 streams of 250 frames, audio vs frames;
+#            send after `served` for the shipped reference
 #   budget   the shipped YAML with Stage 1 stepping at most 64 streams per step (max_num_seqs 64; state slots kept
 #            at 1,024): shorter codec steps that hold the shared GPU for less time (256 streams, 64 and 250 frames)
 #   chunk32  the shipped YAML with chunks ramping to 32 frames, not 64 (max_codec_chunk_frames 32): codec steps of half
@@ -90,7 +91,7 @@
 #   servedenv  `served` with SERVED_ENV (KEY=VALUE ...) in the server's environment, labelled SERVED_ENV_LABEL: a
 #            same-instance A/B of an environment switch (e.g. KANI_FAST_DECODE_SLOTS=0); send beside `served`
 #   abenv    SERVED_ENV (and/or SERVED_YAML, a deploy file served on that side instead of the shipped one, e.g.
-#            stage_configs/kani_tts_lm_replicas.yaml) against the shipped file in one call, in AB_ORDER (default
+#            stage_configs/kani_tts_one_lm.yaml) against the shipped file in one call, in AB_ORDER (default
 #            "env shipped env"; ~170 s a run once the machine is warm, so three fit one call): each run labelled by its
 #            place (LABEL-1, shipped-2, LABEL-3, with SERVED_ENV_LABEL; numbered on from the runs an earlier abenv
 #            call on the same machine left), so no run's files overwrite another's; audio vs frames each, one pack;
@@ -322,9 +323,11 @@ for phase in "$@"; do
       pack served ;;
     lmreplicas)
       checkpoints
-      yaml=stage_configs/kani_tts_lm_replicas.yaml
-      tag=lm-replicas-${LM_REPLICAS:-2}
-      if [ "${LM_REPLICAS:-2}" != 2 ]; then
+      yaml=stage_configs/kani_tts.yaml
+      tag=lm-replicas-${LM_REPLICAS:=3}
+      if [ "$LM_REPLICAS" = 1 ]; then
+        yaml=stage_configs/kani_tts_one_lm.yaml
+      elif [ "$LM_REPLICAS" != 2 ]; then
         # Written next to the shipped files, so its base_config resolves.
         devs=$(python3 -c "print(','.join(['0'] * ${LM_REPLICAS}))")
         python3 -m vllm_omni_kani.benchmarks.variants $yaml "stage_configs/kani_tts_$tag.yaml" \
@@ -382,9 +385,9 @@ for phase in "$@"; do
       pack codeclayers ;;
     servedkernels)
       # 2 s of every engine process's GPU activity at once (KANI_KERNEL_TRACE), 256 streams of 250 frames, under the
-      # shipped file and under two Stage-0 engines: GPU time per process, the union, the heaviest kernels.
+      # shipped file (two Stage-0 engines) and under one: GPU time per process, the union, the heaviest kernels.
       checkpoints
-      for y in ${KERNEL_YAMLS:-kani_tts kani_tts_lm_replicas}; do
+      for y in ${KERNEL_YAMLS:-kani_tts kani_tts_one_lm}; do
         step "kernels-$y" "${KERNEL_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
           --deploy-config "stage_configs/$y.yaml" --out "$R/kernels" --label "$y" --frames 250 --streams 256 \
           --delay 10 --seconds 5 --kernel-trace-s "${KERNEL_TRACE_S:-2}"

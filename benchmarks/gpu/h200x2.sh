@@ -27,7 +27,7 @@
 #   coalesce  Stage 0's outputs every kani_output_every_steps steps (shipped, GPU 0) against every step (GPU 1), at
 #           once: 250-frame requests at 64 and 256 streams, audio vs frames for both; with dp after it, the one-GPU
 #           reference of the same code
-#   lmab    two Stage-0 engines beside one codec (kani_tts_lm_replicas.yaml, GPU 1) against the shipped file (GPU 0),
+#   lmab    one Stage-0 engine beside the codec (kani_tts_one_lm.yaml, GPU 1) against the shipped file (two, GPU 0),
 #           at once: 250-frame requests at 64 and 256 streams, audio vs frames for both
 #   steps   py-spy of the Stage-0 step at batch 256 held steady, stock vs ours, on GPU 0 (spy_step), then the codec
 #           graphs' memory under vLLM's load-time allocator limit, lifted and not (memory_steps); meanwhile GPU 1
@@ -117,14 +117,14 @@ for phase in "$@"; do
       step_rates
       pack onegpu ;;
     lmab)
-      # Two Stage-0 engines beside one codec (kani_tts_lm_replicas.yaml, GPU 1) against the shipped file (GPU 0), at
+      # One Stage-0 engine beside the codec (kani_tts_one_lm.yaml, GPU 1) against the shipped file (two, GPU 0), at
       # once: 250-frame requests at 64 and 256 streams, audio vs frames for both.
       checkpoints
       serve_sweeps 0 shipped "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
-      serve_sweeps 1 lm-replicas-2 "$CK/par" stage_configs/kani_tts_lm_replicas.yaml 470 250:64,256 &
+      serve_sweeps 1 one-lm "$CK/par" stage_configs/kani_tts_one_lm.yaml 470 250:64,256 &
       wait; cleanup
       frames_check shipped
-      frames_check lm-replicas-2
+      frames_check one-lm
       step_rates
       pack lmab ;;
     codecreplicas|dp|replicas)
