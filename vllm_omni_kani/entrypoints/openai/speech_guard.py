@@ -333,7 +333,7 @@ def configure(state: Any) -> int | None:
         stage = stages[0] if stages else None
     if stage is not None:
         max_num_seqs = getattr(getattr(stage, "engine_args", None), "max_num_seqs", None)
-    replicas = stage0_replicas(getattr(state, "engine_client", None))
+    replicas = next(iter(stage_replicas(getattr(state, "engine_client", None))), 1)
     running = int(max_num_seqs) * replicas if max_num_seqs else None
     limit = resolve_limit(running)
     admission.configure(limit, running=running)
@@ -347,8 +347,9 @@ def configure(state: Any) -> int | None:
     return limit
 
 
-def stage0_replicas(engine_client: Any) -> int:
-    """Stage 0's configured replica count (vLLM-Omni's stage pool; 1 when the engine does not say)."""
+def stage_replicas(engine_client: Any) -> list[int]:
+    """Each stage's configured replica count, in stage order (vLLM-Omni's stage pools; a pool that does not say counts
+    1, and an engine without pools gives an empty list)."""
     pools = getattr(getattr(engine_client, "engine", None), "stage_pools", None) or []
-    count = getattr(pools[0], "num_replicas", 1) if pools else 1
-    return int(count) if isinstance(count, int) and count > 0 else 1
+    counts = [getattr(pool, "num_replicas", 1) for pool in pools]
+    return [count if isinstance(count, int) and count > 0 else 1 for count in counts]

@@ -23,6 +23,8 @@ import logging
 import time
 from typing import Any
 
+from vllm_omni_kani.entrypoints.openai.speech_guard import stage_replicas
+
 logger = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Warming up."
@@ -39,21 +41,15 @@ def recording() -> bool:
     return not _warming_up.get()
 
 
-def replica_count(engine_client: Any) -> int:
-    """The largest number of live replicas over the pipeline's stages (1 when the client shows none)."""
-    pools = getattr(getattr(engine_client, "engine", None), "stage_pools", None) or []
-    counts = [int(getattr(pool, "live_num_replicas", 1) or 1) for pool in pools]
-    return max(counts, default=1)
-
-
 async def warm_up(server: Any, request_cls: Any) -> list[float]:
-    """Send ``replica_count`` short requests one after another through ``server``; returns each one's seconds.
+    """Send as many short requests as the stage with the most replicas has, one after another, through ``server``;
+    returns each one's seconds.
 
     ``request_cls`` is vLLM-Omni's speech request model. A request that fails is logged with its error and the next
     one still runs: a server that cannot warm up still serves (its first requests are then cold)."""
     adapter = server._get_tts_adapter()
     tokens = min(WARMUP_FRAMES * adapter.settings.tokens_per_frame, adapter.max_new_tokens_max)
-    count = replica_count(server.engine_client)
+    count = max(stage_replicas(server.engine_client), default=1)
     seconds: list[float] = []
     token = _warming_up.set(True)
     try:
