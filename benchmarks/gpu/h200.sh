@@ -99,7 +99,8 @@
 #            run, two a call), for a steadier 256-stream rate; AB_YAML serves another file on both sides (e.g. the
 #            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped);
 #            AB_SWEEPS replaces the sweeps (default 250:64,256; e.g. "64:1,64,256 250:1" for one stream and short
-#            requests); send after `served` (a fresh machine's first server compiles for minutes)
+#            requests); send after `served` (a fresh machine's first server compiles for minutes); a side named mps
+#            serves the base file (AB_YAML or the shipped one) under an MPS daemon (mps_start), labelled mps-N
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -151,6 +152,27 @@ serve_env() {
   )
   cleanup
   frames_check "$label"
+}
+
+# mps_start / mps_stop: an MPS control daemon for the servers started in between (their processes' kernels then share
+# the GPU at once instead of time-slicing between contexts); its log lands in $R/mps-log. mps_start fails, saying so,
+# where the machine has no nvidia-cuda-mps-control.
+mps_start() {
+  command -v nvidia-cuda-mps-control > /dev/null || {
+    echo "no nvidia-cuda-mps-control on this machine" | tee "$R/mps-missing.txt"
+    return 1
+  }
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS daemon started"
+}
+
+mps_stop() {
+  echo quit | nvidia-cuda-mps-control
+  sleep 2
+  mkdir -p "$R/mps-log" && cp -r "$CUDA_MPS_LOG_DIRECTORY"/. "$R/mps-log/" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  echo "MPS daemon stopped"
 }
 
 # served_env LABEL "KEY=VALUE ..." LIMIT_S: serve_env, then step rates; packed as LABEL.
@@ -486,10 +508,7 @@ for phase in "$@"; do
       pack "$phase" ;;
     mps)
       checkpoints
-      if command -v nvidia-cuda-mps-control > /dev/null; then
-        export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
-        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        nvidia-cuda-mps-control -d && echo "MPS daemon started"
+      if mps_start; then
         if [ -n "${MPS_YAML:-}" ]; then
           serve_sweeps 0 "mps-$(basename "$MPS_YAML" .yaml)" "$CK/par" "$MPS_YAML" 480 250:64,256
           frames_check "mps-$(basename "$MPS_YAML" .yaml)"
@@ -497,11 +516,7 @@ for phase in "$@"; do
           serve_sweeps 0 mps "$CK/par" stage_configs/kani_tts.yaml 420 64:256 250:64,256
         fi
         cleanup
-        echo quit | nvidia-cuda-mps-control
-        cp -r "$CUDA_MPS_LOG_DIRECTORY" "$R/mps-log" 2>/dev/null
-        unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
-      else
-        echo "no nvidia-cuda-mps-control on this machine" | tee "$R/mps-missing.txt"
+        mps_stop
       fi
       pack mps ;;
     memory)
@@ -538,15 +553,21 @@ for phase in "$@"; do
     abenv)
       checkpoints
       i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
-      [ -n "${SERVED_ENV:-}${SERVED_YAML:-}" ] || { echo "abenv needs SERVED_ENV=KEY=VALUE... or SERVED_YAML"; exit 2; }
+      case " ${AB_ORDER:-env shipped env} " in
+        *" env "*) [ -n "${SERVED_ENV:-}${SERVED_YAML:-}" ] || { echo "abenv's env side needs SERVED_ENV or SERVED_YAML"; exit 2; } ;;
+      esac
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
         label="${AB_BASE_LABEL:-shipped}-$i" vars="" yaml="${AB_YAML:-stage_configs/kani_tts.yaml}"
         if [ "$side" = env ]; then
           label="${SERVED_ENV_LABEL:-env}-$i" vars="${SERVED_ENV:-}" yaml="${SERVED_YAML:-$yaml}"
+        elif [ "$side" = mps ]; then
+          label="mps-$i"
+          mps_start || continue
         fi
         # shellcheck disable=SC2086
         serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
+        [ "$side" = mps ] && mps_stop
       done
       step_rates
       pack abenv ;;
