@@ -568,6 +568,7 @@ for phase in "$@"; do
         # shellcheck disable=SC2086
         serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
         [ "$side" = mps ] && mps_stop
+        pack abenv  # after every side: a call cut in a later side still returns the finished ones
       done
       step_rates
       pack abenv ;;

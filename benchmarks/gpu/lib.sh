@@ -69,11 +69,18 @@ step() {
 # cleanup: nothing of a phase may hold GPU memory into the next one.
 cleanup() { pkill -9 -f "vllm serve" 2>/dev/null; pkill -9 -f "vllm_omni" 2>/dev/null; sleep 2; }
 
-# pack TAG: everything gathered so far, as one file back.
+# pack TAG: everything gathered so far, as one file back. Each archive is written beside its name and renamed into
+# place, so a call cut by its time limit mid-pack keeps the previous whole archive instead of a truncated one.
 pack() {
   python3 -m vllm_omni_kani.cli bench --report-only --out "$R" > /dev/null 2>&1 || true
-  tar -C /tmp -czf "$OUT/results-$1.tgz" kani-results
-  (cd /tmp && ls -d jit-triton vc[0-9]* 2> /dev/null | xargs -r tar -czf "$OUT/jit-cache.tgz") || true
+  tar -C /tmp -czf "$OUT/.results-$1.tgz.part" kani-results && mv -f "$OUT/.results-$1.tgz.part" "$OUT/results-$1.tgz"
+  local caches
+  caches=$(cd /tmp && ls -d jit-triton vc[0-9]* 2> /dev/null)
+  if [ -n "$caches" ]; then
+    # shellcheck disable=SC2086
+    tar -C /tmp -czf "$OUT/.jit-cache.tgz.part" $caches && mv -f "$OUT/.jit-cache.tgz.part" "$OUT/jit-cache.tgz"
+  fi
+  rm -f "$OUT"/.*.part
 }
 
 device_info() {
