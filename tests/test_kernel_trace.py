@@ -2,11 +2,15 @@
 
 The window is the real ``torch.profiler`` (CPU activity here; CUDA is added where a GPU is present) around real ops,
 and ``benchmarks/kernel_share.py`` reads what it wrote. The engines' hooks are checked in the codec stage test and in
-the served test (``tests/test_serving.py``), which record and summarise a window of a real server.
+the served test (``tests/test_serving.py``), which record and summarise a window of a real server. The codec's kernel
+table (``benchmarks/codec_kernel_table.py``) reads GPU kernels, which a CPU run has none of: its tests feed it a trace
+written here in the profiler's format, with kernel names as a served H200 trace has them.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import subprocess
 import sys
 import textwrap
@@ -106,3 +110,62 @@ def test_each_process_writes_its_own_trace_and_the_summary_reads_them_all(tmp_pa
     assert 0 < every["union_ms"] <= every["sum_ms"] and every["union_ms"] <= every["window_ms"]
     out = run_benchmark_script("kernel_share", tmp_path, "--cat", "cpu_op")
     assert out.count("| stage0-") == workers and "all traces: window" in out
+
+
+codec_kernel_table = benchmark_script("codec_kernel_table")
+
+# One codec step's worth of kernels, named as a served H200 trace names them: a channels-last conv (CUTLASS TF32,
+# its input and weights converted first), a channel-major one (converted to NHWC and back), the Triton kernels between.
+CODEC_KERNELS = [
+    ("void cudnn::engines_precompiled::convertTensor_kernel<float, float, float, (cudnnKernelDataType_t)2>(float)", 90),
+    ("void cudnn::engines_precompiled::convertTensor_kernel<float, float, float, (cudnnKernelDataType_t)2>(float)", 4),
+    ("void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_128x128_16x4_nhwc_align4>(p)", 145),
+    ("_residual_kernel", 112),
+    ("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>(x)", 25),
+    ("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32_warpgroupsize1x1x1", 172),
+    ("void cudnn::engines_precompiled::nhwcToNchwKernel<float, float, float, true, false>(x)", 26),
+    ("_half_snake_channels_last_kernel", 100),
+    ("void at::native::(anonymous namespace)::indexSelectSmallIndex<float, long, unsigned int, 2, 2, -2>(x)", 11),
+]
+
+
+def codec_trace(repeats: int) -> dict:
+    events, ts = [], 1000.0
+    for _ in range(repeats):
+        for name, dur in CODEC_KERNELS:
+            events.append({"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": [1, 1, 1]}})
+            ts += dur + 1.0
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "ts": 1000.0, "dur": 5.0})
+    return {"schemaVersion": 1, "traceEvents": events}
+
+
+def test_codec_table_charges_each_conversion_to_the_conv_beside_it(tmp_path):
+    result = codec_kernel_table.table(codec_kernel_table.gpu_events(json.dumps(codec_trace(3))))
+    kinds = {row["kind"]: row for row in result["kinds"]}
+    assert result["events"] == 3 * len(CODEC_KERNELS)  # the CPU op is not GPU time
+    assert kinds[codec_kernel_table.CONVERSION]["ms"] == pytest.approx(3 * (90 + 4 + 25 + 26) / 1e3)
+    assert kinds[codec_kernel_table.CONV]["count"] == 6
+    assert kinds["state gathers and scatters"]["ms"] == pytest.approx(3 * 11 / 1e3)
+    assert sum(row["share"] for row in result["kinds"]) == pytest.approx(1.0, abs=1e-3)
+    assert len(result["convs"]) == 2
+    cutlass = next(row for row in result["convs"] if "cutlass" in row["conv"])
+    hopper = next(row for row in result["convs"] if row["conv"].startswith("sm90_xmma"))
+    # Input and weights converted before the CUTLASS conv; to NHWC before and back after the channel-major one.
+    assert (cutlass["count"], cutlass["conv_ms"], cutlass["conversions_ms"]) == (3, 0.435, 0.282)
+    assert (hopper["count"], hopper["conv_ms"], hopper["conversions_ms"]) == (3, 0.516, 0.153)
+
+
+def test_codec_table_reads_a_trace_cut_mid_archive(tmp_path):
+    whole = tmp_path / "stage1-1.json.gz"
+    whole.write_bytes(gzip.compress(json.dumps(codec_trace(200)).encode()))
+    cut = tmp_path / "stage1-2.json.gz"
+    cut.write_bytes(whole.read_bytes()[: len(whole.read_bytes()) * 2 // 3])
+    text, complete = codec_kernel_table.read_trace_text(whole)
+    assert complete and len(codec_kernel_table.gpu_events(text)) == 200 * len(CODEC_KERNELS)
+    text, complete = codec_kernel_table.read_trace_text(cut)
+    events = codec_kernel_table.gpu_events(text)
+    assert not complete and 0 < len(events) < 200 * len(CODEC_KERNELS)
+    assert [e["name"] for e in events] == [name for name, _ in CODEC_KERNELS * 200][: len(events)]
+    out = run_benchmark_script("codec_kernel_table", cut, "--json", tmp_path / "table.json")
+    assert "the trace was cut" in out and "| cuDNN conversions (convertTensor, NCHW<->NHWC) |" in out
+    assert json.loads((tmp_path / "table.json").read_text())["whole_trace"] is False
