@@ -100,7 +100,10 @@
 #            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped);
 #            AB_SWEEPS replaces the sweeps (default 250:64,256; e.g. "64:1,64,256 250:1" for one stream and short
 #            requests); send after `served` (a fresh machine's first server compiles for minutes); a side named mps
-#            serves the base file (AB_YAML or the shipped one) under an MPS daemon (mps_start), labelled mps-N
+#            serves the base file (AB_YAML or the shipped one) under an MPS daemon (mps_start), labelled mps-N;
+#            SERVED_CHANGES ("dotted.key=value;..." as variant takes them) serves the shipped file with those changes
+#            on the env side; AB_FRESH=1 gives every side an empty compile cache of its own (a first start's compile
+#            and Inductor's timing of its kernels), e.g. for a fresh server's engines against each other (e2e)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -554,8 +557,14 @@ for phase in "$@"; do
       checkpoints
       i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
       case " ${AB_ORDER:-env shipped env} " in
-        *" env "*) [ -n "${SERVED_ENV:-}${SERVED_YAML:-}" ] || { echo "abenv's env side needs SERVED_ENV or SERVED_YAML"; exit 2; } ;;
+        *" env "*) [ -n "${SERVED_ENV:-}${SERVED_YAML:-}${SERVED_CHANGES:-}" ] \
+          || { echo "abenv's env side needs SERVED_ENV, SERVED_YAML or SERVED_CHANGES"; exit 2; } ;;
       esac
+      if [ -n "${SERVED_CHANGES:-}" ]; then
+        IFS=';' read -ra changes <<< "$SERVED_CHANGES"
+        variant kani_tts_abenv "${changes[@]}"
+        SERVED_YAML=stage_configs/kani_tts_abenv.yaml
+      fi
       for side in ${AB_ORDER:-env shipped env}; do
         i=$((i + 1))
         label="${AB_BASE_LABEL:-shipped}-$i" vars="" yaml="${AB_YAML:-stage_configs/kani_tts.yaml}"
@@ -565,8 +574,11 @@ for phase in "$@"; do
           label="mps-$i"
           mps_start || continue
         fi
+        # AB_FRESH=1: each side compiles afresh in a compile cache of its own, as on a machine's first start.
+        [ "${AB_FRESH:-0}" = 1 ] && export SERVE_CACHE_ROOT="/tmp/vc-fresh-$i"
         # shellcheck disable=SC2086
         serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
+        unset SERVE_CACHE_ROOT
         [ "$side" = mps ] && mps_stop
         pack abenv  # after every side: a call cut in a later side still returns the finished ones
       done

@@ -102,13 +102,14 @@ checkpoints() {
 # serve_sweeps GPU LABEL CKPT YAML LIMIT_S RUN...: one server on GPU, then one `bench --url` per RUN, each
 # "FRAMES:CONCURRENCY_LIST" (e.g. 64:1,64,256), labelled LABEL-fFRAMES; the first run also does the e2e check.
 # The GPU's utilisation and memory every 500 ms ride along in $R/gpu-util-LABEL.csv (wall-clock timestamps, as the
-# server log's): is the GPU saturated while the load runs?
+# server log's): is the GPU saturated while the load runs? vLLM's compile caches live in /tmp/vcGPU, or in
+# SERVE_CACHE_ROOT where set (an empty one compiles afresh, as a machine's first server does).
 serve_sweeps() {
   local gpu=$1 label=$2 ckpt=$3 yaml=$4 limit=$5 smi; shift 5
   nvidia-smi -i "$gpu" --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
     > "$R/gpu-util-$label.csv" 2> /dev/null &
   smi=$!
-  step "$label" "$limit" env CUDA_VISIBLE_DEVICES="$gpu" VLLM_CACHE_ROOT="/tmp/vc$gpu" \
+  step "$label" "$limit" env CUDA_VISIBLE_DEVICES="$gpu" VLLM_CACHE_ROOT="${SERVE_CACHE_ROOT:-/tmp/vc$gpu}" \
     python3 benchmarks/gpu/serve_sweeps.py --ckpt "$ckpt" --deploy-config "$yaml" --label "$label" --out "$R" "$@"
   kill "$smi" 2> /dev/null; wait "$smi" 2> /dev/null
 }
