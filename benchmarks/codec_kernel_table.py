@@ -18,6 +18,8 @@ import json
 import zlib
 from pathlib import Path
 
+from kernel_share import GPU_CATEGORIES
+
 # (kind, name substrings): the first match names a kernel's kind; the order matters (a conversion kernel's name
 # mentions neither a conv nor a copy).
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -66,7 +68,7 @@ def gpu_events(text: str) -> list[dict]:
             event, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
             break
-        if event.get("ph") == "X" and event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+        if event.get("ph") == "X" and event.get("cat") in GPU_CATEGORIES:
             events.append(event)
     return sorted(events, key=lambda e: float(e["ts"]))
 
