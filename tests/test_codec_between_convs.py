@@ -8,6 +8,8 @@ Off CUDA the switch changes nothing.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -50,6 +52,17 @@ def test_cpu_decoder_keeps_the_eager_path(tiny_parallel):
     b = stream_all(CodecStreams(plain, max_piece_frames=16), utterances, (1, 4, 16), seed=3)
     for rid in utterances:
         assert torch.equal(a[rid], b[rid])
+
+
+def test_cpu_decoder_keeps_float32_channels_last_convs(tiny_parallel):
+    """Half-precision narrow convs need the CUDA kernels and TF32: on CPU they stay float32, asked for or not, and a
+    dtype the kernels cannot read is refused."""
+    decoder = load_codec(tiny_parallel).set_precision("tf32")
+    codec = StreamingCodec(decoder, num_slots=2, channels_last_below=512, channels_last_dtype=torch.float16)
+    assert codec.channels_last_layers and codec.channels_last_dtype == torch.float32
+    assert {p.dtype for p in codec.pool} == {torch.float32}
+    with pytest.raises(ValueError, match="channels_last_dtype"):
+        StreamingCodec(decoder, num_slots=2, channels_last_dtype=torch.bfloat16)
 
 
 @cuda
@@ -159,3 +172,55 @@ def test_graphs_with_kernels_equal_eager(tiny_parallel):
     assert graphs.replays > 0
     for rid in utterances:
         torch.testing.assert_close(b[rid], a[rid], atol=STREAM_ATOL, rtol=0)
+
+
+@cuda
+def test_kernels_read_and_write_float16_conv_sides():
+    """The channels-last layers' float16 convs: the half-snake reads a float16 conv output and writes a float16 conv
+    input, computing in float32 and rounding once; the residual add reads a float16 skip-conv output into the float32
+    residual stream."""
+    channels = 27
+    snake = HalfSnake(channels).cuda()
+    with torch.no_grad():
+        snake.alpha.copy_(torch.rand(snake.alpha.shape, generator=torch.Generator().manual_seed(0)).cuda() * 3 + 0.05)
+    snake.refresh()
+    snake.fused = True
+    bias = randn(channels, seed=5)
+    x = randn(2, 400, channels, seed=6, scale=3).half().transpose(1, 2)  # a channels-last conv's [B, C, T] view
+    out = torch.empty(2, 400, channels, dtype=torch.float16, device="cuda").transpose(1, 2)
+    snake.write(x, out, bias)
+    expected = snake(x.float() + bias.view(1, -1, 1))
+    # One float16 rounding of a float32 result that may itself be a few float32 ulps off eager's: one float16 ulp.
+    torch.testing.assert_close(out, expected.half(), rtol=torch.finfo(torch.float16).eps, atol=2**-24)
+
+    y = randn(2, 301, 32, seed=1, scale=2)
+    s = randn(2, 301, 32, seed=2, scale=2).half()
+    bias = randn(32, seed=4)
+    expected = y + (s.float() + bias.view(1, 1, -1))
+    got = between_convs.residual_into(y, s, bias, torch.empty_like(y), channel_major=False)
+    assert got.dtype == torch.float32
+    assert_ulps(got, expected, expected.abs())
+    with pytest.raises(ValueError, match="float32"):
+        between_convs.residual_into(y.half(), s, bias, torch.empty_like(y), channel_major=False)
+
+
+@cuda
+def test_stream_with_float16_narrow_convs_keeps_tf32s_snr(tiny_parallel):
+    """float16 has TF32's 10-bit mantissa but also rounds each conv's output: the stream with half-precision
+    channels-last convs (every layer of the tiny codec) stays within 6 dB of the TF32 stream's SNR against the strict
+    float32 one-shot decode (at most 4x its noise power; 2.2x measured on an H200) and above the 60 dB that the
+    default precision must hold, and its narrow states are float16."""
+    decoder = load_codec(tiny_parallel, device="cuda").set_fused_activations(True)
+    utterances = {f"r{i}": codes(n, 70 + i) for i, n in enumerate((41, 7, 90, 1))}
+    reference = torch.cat([decoder.decode(u[None].cuda())[0] for u in utterances.values()])
+    decoder.set_precision("tf32")
+    snr = {}
+    for dtype in (torch.float32, torch.float16):
+        codec = StreamingCodec(decoder, num_slots=8, channels_last_dtype=dtype)
+        assert codec.between_fused and codec.channels_last_layers and codec.channels_last_dtype == dtype
+        assert {p.dtype for p in codec.pool} == {torch.float32, dtype}
+        streamed = stream_all(CodecStreams(codec, max_piece_frames=24), utterances, (1, 3, 16, 64), seed=8)
+        audio = torch.cat([streamed[rid] for rid in utterances])
+        noise = (audio.double() - reference.double()).pow(2).sum()
+        snr[dtype] = float(10 * torch.log10(reference.double().pow(2).sum() / noise))
+    assert snr[torch.float16] >= max(snr[torch.float32] - 10 * math.log10(4), 60), snr

@@ -10,7 +10,9 @@ samples. Two ways to decode it:
   with a stream's last chunk, or when vLLM reports the request finished or aborted. On CUDA the narrow
   residual layers run channels-last (``nanocodec/streaming.py``; ``additional_config``
   ``codec_channels_last_below``, 0 for none), and the work between the convs runs in Triton kernels
-  (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops).
+  (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops). With
+  those kernels and TF32 the channels-last layers' convs run in float16 (``codec_channels_last_dtype``:
+  ``float32`` keeps them TF32).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -79,6 +81,8 @@ STATE_SLOTS_PER_SEQ = 4
 # Conv precision on CUDA (additional_config codec_precision overrides): the fastest mode within 60 dB SNR of strict
 # float32 on the real-size codec (docs/BENCHMARKS.md). CPUs decode in strict float32, the NeMo-parity mode.
 DEFAULT_CUDA_PRECISION = "tf32"
+# additional_config codec_channels_last_dtype: the narrow channels-last layers' conv dtype (nanocodec/streaming.py).
+CHANNELS_LAST_DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def _first(value: Any) -> Any:
@@ -191,17 +195,22 @@ class KaniNanoCodecForGeneration(nn.Module):
         batches = [int(b) for b in config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)]
         below = config.get("codec_channels_last_below")
         between = config.get("codec_fused_between_convs")  # default: on CUDA with Triton (nanocodec/between_convs.py)
+        narrow_dtype = config.get("codec_channels_last_dtype")  # default: float16 with TF32 and the kernels above
+        if narrow_dtype is not None and narrow_dtype not in CHANNELS_LAST_DTYPE_NAMES:
+            raise ValueError(
+                f"codec_channels_last_dtype must be one of {', '.join(CHANNELS_LAST_DTYPE_NAMES)}; got {narrow_dtype!r}"
+            )
         codec = StreamingCodec(
             self.decoder,
             num_slots=slots,
             scratch_rows=max(batches, default=1),
             channels_last_below=None if below is None else int(below),
             fuse_between_convs=None if between is None else bool(between),
+            channels_last_dtype=None if narrow_dtype is None else CHANNELS_LAST_DTYPE_NAMES[narrow_dtype],
         )
         logger.info(
-            "Kani codec stage: stateful streams, %d state slots of %.1f KiB, residual layers %s channels-last",
+            "Kani codec stage: stateful streams, %d state slots, residual layers %s channels-last",
             slots,
-            codec.state_bytes_per_slot / 1024,
             sorted(codec.channels_last_layers) or "none",
         )
         return CodecStreams(codec, max_piece_frames=self.decode_max_frames)
@@ -238,11 +247,14 @@ class KaniNanoCodecForGeneration(nn.Module):
         self.decoder.set_fused_activations(fused_activations and fused.available())
         if self.streams is not None:
             self.streams.codec.refresh()  # the channels-last convs' padded weights, from the loaded ones
+        codec = None if self.streams is None else self.streams.codec
         logger.info(
-            "Kani codec stage: %s convs, %s half-snakes, between-conv kernels %s",
+            "Kani codec stage: %s convs (channels-last layers' convs in %s), %s half-snakes, between-conv kernels %s%s",
             precision,
+            "-" if codec is None else str(codec.channels_last_dtype).removeprefix("torch."),
             "fused (Triton)" if self.decoder.fused_activations else "eager",
-            "on" if self.streams is not None and self.streams.codec.between_fused else "off",
+            "on" if codec is not None and codec.between_fused else "off",
+            "" if codec is None else f"; {codec.state_bytes_per_slot / 1024:.1f} KiB of state a stream",
         )
         self._capture_graphs()
         return {name for name, _ in self.named_parameters()}

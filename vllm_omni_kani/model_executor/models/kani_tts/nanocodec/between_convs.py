@@ -32,6 +32,8 @@ try:
 except ImportError:  # pragma: no cover - CPU wheels without Triton
     triton = None
 
+# What a conv hands the kernels: float32, or float16 from the channels-last layers' half-precision convs.
+CONV_OUTPUT_DTYPES = (torch.float32, torch.float16)
 # Tiles of [time, channels]; channel tiles narrower for narrow layers.
 BLOCK_T = 64
 MAX_BLOCK_C = 64
@@ -79,7 +81,7 @@ if triton is not None:
         t, c = t[:, None], c[None, :]
         mask = (t < length) & (c < channels)
         y = tl.load(y_ptr + b * syb + t * syt + c * syc, mask=mask, other=0.0)
-        s = tl.load(s_ptr + b * ssb + t * sst + c * ssc, mask=mask, other=0.0)
+        s = tl.load(s_ptr + b * ssb + t * sst + c * ssc, mask=mask, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + c, mask=c < channels, other=0.0)
         r = y + (s + bias)
         if HAS_TOTAL:
@@ -133,10 +135,13 @@ def _tiles(batch: int, length: int, channels: int) -> tuple[tuple[int, int, int]
     return (batch, triton.cdiv(length, BLOCK_T), triton.cdiv(channels, block_c)), block_c
 
 
-def _check(*tensors: torch.Tensor) -> None:
+def _check(*tensors: torch.Tensor, conv_output: torch.Tensor | None = None) -> None:
+    """Float32 CUDA tensors; ``conv_output`` may also be float16 (a channels-last conv's, ``streaming``)."""
     for x in tensors:
         if not (x.is_cuda and x.dtype == torch.float32):
             raise ValueError(f"between-conv kernels take float32 CUDA tensors; got {x.dtype} on {x.device}")
+    if conv_output is not None and not (conv_output.is_cuda and conv_output.dtype in CONV_OUTPUT_DTYPES):
+        raise ValueError(f"a conv output must be a float32 or float16 CUDA tensor; got {conv_output.dtype}")
 
 
 def residual_into(
@@ -154,9 +159,10 @@ def residual_into(
 
     ``y``, ``s``, ``total``: ``[B, C, T]`` when ``channel_major``, else ``[B, T, C]``, any strides; ``out`` is
     indexed the same way (pass a transposed view to change layout); ``bias``: contiguous ``[>= channels]``.
-    ``out`` may be ``s``. Returns ``out``.
+    ``s`` (the skip conv's output) may be float16, summed in float32; everything else is float32. ``out`` may be
+    ``s`` when both are float32. Returns ``out``.
     """
-    _check(y, s, bias, out, *(() if total is None else (total,)))
+    _check(y, bias, out, *(() if total is None else (total,)), conv_output=s)
     length = y.shape[2] if channel_major else y.shape[1]
     width = channels if channels is not None else (y.shape[1] if channel_major else y.shape[2])
     batch = y.shape[0]

@@ -8,7 +8,8 @@ and writes the activation once, into any strided view, e.g. the slice of the ``[
 
 The arithmetic is eager's, op for op in float32 (``s + inv_alpha * (sin(alpha * s) ** 2)`` with libdevice's
 ``sinf``, ``x if x > 0 else x * slope``), so fused and eager agree to float32 rounding; the CUDA-only tests hold
-them to a few ulps. Only float32 activations on CUDA are fused; everything else stays eager. Tensors whose channels
+them to a few ulps. Only float32 activations on CUDA are fused (and float16 ones: the channels-last layers'
+half-precision conv inputs and outputs, computed in float32); everything else stays eager. Tensors whose channels
 are adjacent in memory (the codec's channels-last layers hand over ``[B, C, T]`` views of ``[B, T, C]``) take a
 second kernel that tiles time × channels, so its reads and writes stay coalesced.
 
@@ -27,6 +28,8 @@ try:
 except ImportError:  # pragma: no cover - CPU wheels without Triton
     triton = None
 
+# Input and output dtypes the kernels take (float16 for the channels-last layers' half-precision conv inputs).
+IO_DTYPES = (torch.float32, torch.float16)
 # Time steps per program; one program covers one (row, channel) pair's BLOCK samples.
 BLOCK = 1024
 # Channels-last tensors (channel stride 1): one program covers BLOCK_T_CL time steps of up to MAX_BLOCK_C_CL channels.
@@ -40,8 +43,8 @@ def available() -> bool:
 
 
 def supports(x: torch.Tensor) -> bool:
-    """Whether ``x`` can go through the kernel: float32 ``[B, C, T]`` on a CUDA device."""
-    return triton is not None and x.is_cuda and x.dtype == torch.float32 and x.dim() == 3
+    """Whether ``x`` can go through the kernel: float32 or float16 ``[B, C, T]`` on a CUDA device."""
+    return triton is not None and x.is_cuda and x.dtype in IO_DTYPES and x.dim() == 3
 
 
 if triton is not None:
@@ -80,7 +83,7 @@ if triton is not None:
         c = (row % channels).to(tl.int64)
         t = tl.program_id(1).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         mask = t < length
-        x = tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=mask, other=0.0)
+        x = tl.load(x_ptr + b * sxb + c * sxc + t * sxt, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x = x + tl.load(bias_ptr + c)
         if c < snake_channels:
@@ -114,7 +117,7 @@ if triton is not None:
         b, t, c = tile_offsets(BLOCK_T, BLOCK_C)
         t = t[:, None]
         mask = (t < length) & (c < channels)[None, :]
-        x = tl.load(x_ptr + b * sxb + t * sxt + c[None, :], mask=mask, other=0.0)
+        x = tl.load(x_ptr + b * sxb + t * sxt + c[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             x = x + tl.load(bias_ptr + c, mask=c < channels, other=0.0)[None, :]
         snake = c < snake_channels
@@ -135,10 +138,12 @@ def half_snake_into(
 ) -> torch.Tensor:
     """Write half-snake(``x`` + ``bias``) into ``out`` (same shape, any strides); snake on the first
     ``alpha.numel()`` channels, leaky ReLU with ``slope`` on the rest. ``bias``: float32 ``[C]`` or None.
-    Returns ``out``."""
-    if not supports(x) or out.dtype != torch.float32 or out.shape != x.shape:
+    ``x`` and ``out`` may each be float16 (the channels-last layers' half-precision convs): the arithmetic stays
+    float32, rounded once on the store. Returns ``out``."""
+    if not supports(x) or out.dtype not in IO_DTYPES or out.shape != x.shape:
         raise ValueError(
-            f"fused half-snake needs float32 CUDA [B, C, T] tensors of one shape; got {x.shape} {out.shape}"
+            f"fused half-snake needs float32/float16 CUDA [B, C, T] tensors of one shape; got {x.dtype} {x.shape}, "
+            f"{out.dtype} {out.shape}"
         )
     if bias is not None and (bias.dtype != torch.float32 or bias.shape != (x.shape[1],) or not bias.is_contiguous()):
         raise ValueError(f"the bias must be a contiguous float32 [{x.shape[1]}] tensor; got {bias.dtype} {bias.shape}")

@@ -19,6 +19,14 @@ So residual layers narrower than ``channels_last_below`` keep their activations 
 the padded channels hold zeros throughout (zero weights and bias in, half-snake(0) = 0), and the layer's input and
 output are converted once each. CPUs keep every layer channel-major unless asked.
 
+**Half-precision narrow convs (CUDA, TF32 precision).** cuDNN runs the channels-last convs' TF32 kernels after
+converting each input (a pass the size of the activation, ~40% of the conv's own time), and in float16 it runs them
+without that pass, on half the bytes: 2x faster for these 54 convs (``benchmarks/conv_engines.py``). float16 keeps
+TF32's 10-bit mantissa; the conv still accumulates in float32. So with the between-conv kernels and TF32 precision
+the channels-last layers' conv inputs, weights, states and outputs are float16 (``channels_last_dtype``), while the
+residual stream, biases, half-snake arithmetic and every sum between the convs stay float32: the kernels read and
+write float16 where a conv does and compute in float32. SNR against strict float32: docs/BENCHMARKS.md.
+
 **Between the convs (CUDA, float32).** With ``fuse_between_convs`` the convs run without their bias, and Triton
 kernels (``between_convs``) do the rest: the input conv's bias goes into the half-snake after it, the skip conv's
 bias and the residual add are one pass (with the branch mean on the layer's last unit, written channel-major for
@@ -43,6 +51,8 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
     cudnn_tf32,
 )
 
+# What the channels-last convs may run in (StreamingCodec.channels_last_dtype).
+CHANNELS_LAST_DTYPES = (torch.float32, torch.float16)
 # Residual layers narrower than this run channels-last on CUDA (StreamingCodec's channels_last_below), with their
 # channels padded to a multiple of CHANNEL_MULTIPLE: the fastest cuDNN choice measured for 27, 54 and 108 channels
 # (multiples of 16 made the dilated 54-channel convs 1.6-2x slower than 8).
@@ -72,6 +82,7 @@ class StreamingCodec:
         scratch_rows: int = 64,
         channels_last_below: int | None = None,
         fuse_between_convs: bool | None = None,
+        channels_last_dtype: torch.dtype | None = None,
     ) -> None:
         if num_slots < 1 or scratch_rows < 1:
             raise ValueError(f"num_slots ({num_slots}) and scratch_rows ({scratch_rows}) must be positive")
@@ -87,6 +98,9 @@ class StreamingCodec:
         if fuse_between_convs is None:
             fuse_between_convs = decoder.device.type == "cuda" and between_convs.available()
         self.fuse_between_convs = bool(fuse_between_convs)
+        if channels_last_dtype not in (None, *CHANNELS_LAST_DTYPES):
+            raise ValueError(f"channels_last_dtype must be float32 or float16; got {channels_last_dtype}")
+        self._channels_last_dtype = channels_last_dtype
         self._padded: dict[int, int] = {
             id(m): padded_channels(m.weight.shape[1])
             for i in self.channels_last_layers
@@ -122,6 +136,7 @@ class StreamingCodec:
         """Rebuild the channels-last convs' padded 2-D weights from the decoder's; call after loading weights or
         changing the precision (the codec stage does, before capturing graphs)."""
         self._weights_2d.clear()
+        dtype = self.channels_last_dtype
         for module in self.decoder.modules():
             if id(module) not in self._padded:
                 continue
@@ -131,7 +146,23 @@ class StreamingCodec:
             weight[:out_channels, :in_channels, 0] = module.weight
             bias = module.bias.new_zeros(width)
             bias[:out_channels] = module.bias
-            self._weights_2d[id(module)] = (weight.contiguous(memory_format=torch.channels_last), bias)
+            self._weights_2d[id(module)] = (weight.to(dtype).contiguous(memory_format=torch.channels_last), bias)
+            # The states hold the conv's inputs, so they take its dtype (their contents start over: call before
+            # streams start, as the codec stage does).
+            index = self._index[id(module)]
+            if self.pool[index].dtype != dtype:
+                self.pool[index] = self.pool[index].to(dtype)
+
+    @property
+    def channels_last_dtype(self) -> torch.dtype:
+        """The dtype of the channels-last convs' inputs, weights, states and outputs now. Half precision needs the
+        between-conv kernels (they read and write it, computing in float32) and TF32 as the decoder's precision:
+        float16 has TF32's 10-bit mantissa, and these convs run 2x faster in it without cuDNN's conversion of
+        every input (docs/BENCHMARKS.md). Default (``channels_last_dtype=None``): float16 wherever that holds."""
+        d = self.decoder
+        if not (self.between_fused and d.precision == "tf32"):
+            return d.dtype
+        return torch.float16 if self._channels_last_dtype is None else self._channels_last_dtype
 
     @property
     def between_fused(self) -> bool:
@@ -286,7 +317,7 @@ class StreamingCodec:
         context = pool.shape[time_dim]
         shape = list(x.shape)
         shape[time_dim] += context
-        joined = x.new_empty(shape)
+        joined = torch.empty(shape, dtype=pool.dtype, device=x.device)
         joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
         new = joined.narrow(time_dim, context, x.shape[time_dim])
         if act is None:
@@ -325,10 +356,12 @@ class StreamingCodec:
         y = F.conv2d(
             joined.transpose(1, 2).unsqueeze(2).to(weight.dtype),
             weight,
-            bias if with_bias else None,
+            bias.to(weight.dtype) if with_bias else None,
             dilation=(1, conv.dilation),
         )
-        return y.squeeze(2).transpose(1, 2).to(x.dtype)
+        y = y.squeeze(2).transpose(1, 2)
+        # The between-conv kernels read a half-precision output as it is; eager ops get the activations' dtype.
+        return y if self.between_fused else y.to(x.dtype)
 
     def conv_bias(self, conv: CausalConv) -> torch.Tensor:
         """A conv's bias as its output carries channels: padded for a channels-last conv."""
@@ -387,7 +420,9 @@ class StreamingCodec:
                 bias = self.conv_bias(unit.skip_conv)
                 branch_end = j == len(branch.res_blocks) - 1
                 if not (branch_end and i == len(branches) - 1):
-                    y = between_convs.residual_into(y, s, bias, s, channel_major)  # in place of the conv output
+                    # In place of the conv output, unless that is half precision: the residual stream stays float32.
+                    out = s if s.dtype == y.dtype else torch.empty_like(y)
+                    y = between_convs.residual_into(y, s, bias, out, channel_major)
                     if branch_end:
                         total = y if total is None else total + y
                 else:  # the layer's last unit: the branch mean, written channel-major without the padding
