@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -85,6 +86,7 @@ def stream_snr(
     frames: int,
     channels_last_below: int | None,
     between_convs: bool | None,
+    channels_last_dtype: torch.dtype | None = None,
 ) -> float | None:
     reference = build(preset, device, "fp32")
     decoder = build(preset, device, precision, activations)
@@ -97,6 +99,7 @@ def stream_snr(
         scratch_rows=rows,
         channels_last_below=channels_last_below,
         fuse_between_convs=between_convs,
+        channels_last_dtype=channels_last_dtype,
     )
     streams = CodecStreams(codec, max_piece_frames=64)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
@@ -131,6 +134,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
             scratch_rows=args.max_graph_batch if planned else slice_rows,
             channels_last_below=args.channels_last_below,
             fuse_between_convs=args.between_convs,
+            channels_last_dtype=args.channels_last_dtype,
         )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
@@ -151,6 +155,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         "precision": decoder.precision,
         "activations": "fused" if decoder.fused_activations else "eager",
         "between_convs": codec.between_fused if mode == "stateful" else None,
+        "channels_last_dtype": str(codec.channels_last_dtype).removeprefix("torch.") if mode == "stateful" else None,
         "batch": batch,
         "new_frames": new,
         "decoded_frames_per_row": frames,
@@ -197,10 +202,26 @@ def main() -> None:
         default=None,
         help="stateful codec: the between-conv Triton kernels (nanocodec/between_convs.py; default: where they run)",
     )
+    parser.add_argument(
+        "--channels-last-dtype",
+        choices=("auto", "float32", "float16"),
+        default="auto",
+        help="stateful codec: the channels-last convs' dtype (auto: float16 with TF32 and the between-conv kernels)",
+    )
+    parser.add_argument(
+        "--modes", nargs="+", default=["window", "stateful"], choices=("window", "stateful"), help="modes to time"
+    )
+    parser.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="cudnn.benchmark for the whole run (cuDNN times its candidate engines for every conv shape)",
+    )
     parser.add_argument("--tag", default="", help="suffix of the JSON's name")
     parser.add_argument("--out", type=Path, default=None, help="write codec-streaming{TAG}.json here")
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.between_convs = None if args.between_convs is None else args.between_convs == "on"
+    args.channels_last_dtype = None if args.channels_last_dtype == "auto" else getattr(torch, args.channels_last_dtype)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
     configs = [(p, a) for p in args.precisions for a in args.activations]
@@ -215,12 +236,13 @@ def main() -> None:
             args.snr_frames,
             args.channels_last_below,
             args.between_convs,
+            args.channels_last_dtype,
         )
         print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
         decoder = build(args.preset, args.device, precision, acts)
         for batch in args.batches:
             for new in args.chunks:
-                for mode in ("window", "stateful"):
+                for mode in args.modes:
                     row = throughput(args, decoder, mode, batch, new)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -238,9 +260,11 @@ def main() -> None:
                     for r in rows
                     if (r["precision"], r["activations"], r["batch"], r["new_frames"]) == (precision, acts, batch, new)
                 }
-                w, s = pick["window"]["new_frames_per_s"], pick["stateful"]["new_frames_per_s"]
+                w, s = (pick[m]["new_frames_per_s"] if m in pick else None for m in ("window", "stateful"))
+                gain = f"{s / w:.2f}x" if w and s else "-"
                 snr_text = snr[f"{precision}/{acts}"] or "exact"
-                print(f"| {precision} | {acts} | {snr_text} | {batch} | {new} | {w:,} | {s:,} | {s / w:.2f}x |")
+                w_text, s_text = (f"{v:,}" if v else "-" for v in (w, s))
+                print(f"| {precision} | {acts} | {snr_text} | {batch} | {new} | {w_text} | {s_text} | {gain} |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         result = {
@@ -249,6 +273,8 @@ def main() -> None:
             "preset": args.preset,
             "channels_last_below": args.channels_last_below,
             "between_convs": args.between_convs,
+            "cudnn_benchmark": args.cudnn_benchmark,
+            "cudnn_env": {k: os.environ[k] for k in os.environ if k.startswith("TORCH_CUDNN")},
             "snr_db_vs_fp32": snr,
             "snr_frames": args.snr_frames,
             "rows": rows,

@@ -6,6 +6,8 @@ equivalent (the GPU run reports each form's largest difference from cuDNN strict
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -43,3 +45,24 @@ def test_conv_forms_equal_conv1d(layers, channels, kernel, dilation, length):
             got = got[:, :, 0]
         assert got.shape == want.shape, name
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=name)
+
+
+def test_conv_engines_covers_every_channels_last_conv_of_a_step():
+    """``benchmarks/conv_engines.py`` times each distinct narrow conv once and weights it by how often a step runs it:
+    the real-size codec's three channels-last layers hold 3 branches x 3 units x 2 convs each."""
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import NanoCodecDecoder
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import CHANNELS_LAST_BELOW
+    from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS
+
+    engines = benchmark_script("conv_engines")
+    decoder = NanoCodecDecoder(CODEC_PRESETS["350m"])
+    narrow = [c for c in decoder.config.stage_channels if c < CHANNELS_LAST_BELOW]
+    convs = engines.narrow_convs(decoder)
+    shapes = {(conv.weight.shape[1], conv.weight.shape[2], conv.dilation) for conv, _, _ in convs}
+    assert len(shapes) == len(convs)
+    assert {c for c, _, _ in shapes} == set(narrow)
+    assert sum(calls for _, _, calls in convs) == len(narrow) * 3 * 3 * 2
+    # Each at its layer's rate: the narrowest at the output's samples per frame, each wider one slower.
+    rates = {conv.weight.shape[1]: rate for conv, rate, _ in convs}
+    assert rates[min(narrow)] == math.prod(up.rate for up in decoder.up_sample_conv_layers)
+    assert sorted(rates.values()) == [rates[c] for c in sorted(narrow, reverse=True)]

@@ -6,6 +6,9 @@
 # tree in one transfer, then one device call per part with stage.sh) and send the phases back to back: /tmp (stack,
 # checkpoints, compile caches) lasts only while the machine stays held.
 #   codec    checkpoints; Stage 1 alone (windows vs stateful, per precision, SNR); the CUDA-only tests
+#   convengines  the codec's channels-last narrow convs under each way of asking cuDNN for an engine (heuristics,
+#            cudnn.benchmark, the v7 API, heuristic mode B): the kernels each runs (cuDNN's conversions included), ms,
+#            strict fp32 and fp16 beside TF32 (benchmarks/conv_engines.py); then Stage 1 alone under each setting
 #   codeclayers  the stateful codec step section by section, and every residual conv under cuDNN and under the Triton
 #            conv kernel (nanocodec/conv_kernel.py; plain, and with the half-snake on load and the residual add),
 #            batch 64 x 64 and 64 x 16 frames (benchmarks/codec_layers.py)
@@ -400,6 +403,37 @@ for phase in "$@"; do
       served_variant betweenoff between-off 450 stages.1.additional_config.codec_fused_between_convs=false ;;
     channelmajor)
       served_variant channelmajor channel-major 330 stages.1.additional_config.codec_channels_last_below=0 ;;
+    convengines)
+      # The channels-last narrow convs' cuDNN kernels (conversions included) under each way of asking cuDNN for an
+      # engine (benchmarks/conv_engines.py), then Stage 1 alone (stateful, TF32, fused half-snakes, batch 256) under
+      # the same settings. CONV_SETTINGS picks (default: all four); CONV_CODEC=0 skips the codec runs.
+      device_info
+      for setting in ${CONV_KERNEL_SETTINGS-${CONV_SETTINGS:-default autotune v7 modeB}}; do
+        case $setting in
+          default) env_args=() flag=() ;;
+          autotune) env_args=() flag=(--autotune) ;;
+          v7) env_args=(TORCH_CUDNN_V8_API_DISABLED=1) flag=() ;;
+          modeB) env_args=(TORCH_CUDNN_USE_HEURISTIC_MODE_B=1) flag=() ;;
+          *) echo "unknown CONV_SETTINGS entry $setting"; continue ;;
+        esac
+        step "conv-engines-$setting" 150 env "${env_args[@]}" python3 benchmarks/conv_engines.py --batch 64 \
+          --frames "${CONV_FRAMES:-32}" --out "$R/conv-engines" --tag "$setting" "${flag[@]}"
+      done
+      if [ "${CONV_CODEC:-1}" = 1 ]; then
+        for setting in ${CONV_SETTINGS:-default autotune v7 modeB}; do
+          case $setting in
+            default) env_args=() flag=() ;;
+            autotune) env_args=() flag=(--cudnn-benchmark) ;;
+            v7) env_args=(TORCH_CUDNN_V8_API_DISABLED=1) flag=() ;;
+            modeB) env_args=(TORCH_CUDNN_USE_HEURISTIC_MODE_B=1) flag=() ;;
+            *) continue ;;
+          esac
+          step "conv-codec-$setting" 200 env "${env_args[@]}" python3 benchmarks/bench_codec_streaming.py \
+            --device cuda --batches 256 --chunks 16 64 --precisions tf32 --activations fused --modes stateful \
+            --out "$R/conv-engines" --tag="-$setting" "${flag[@]}"
+        done
+      fi
+      pack convengines ;;
     codeclayers)
       device_info
       for f in ${LAYER_FRAMES:-64}; do
