@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,21 +41,11 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import Caus
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import CHANNELS_LAST_BELOW, padded_channels
 from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_tensors
 
+sys.path.insert(0, str(Path(__file__).parent))
+from codec_layers import best_ms
+
 # The environment switches that change how PyTorch asks cuDNN for an engine, recorded with the results.
 CUDNN_ENV = ("TORCH_CUDNN_V8_API_DISABLED", "TORCH_CUDNN_USE_HEURISTIC_MODE_B", "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT")
-
-
-def best_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeat):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        best = min(best, start.elapsed_time(stop))
-    return best
 
 
 def kernels(fn: Callable[[], object]) -> list[dict]:

@@ -20,7 +20,7 @@ the padded channels hold zeros throughout (zero weights and bias in, half-snake(
 output are converted once each. CPUs keep every layer channel-major unless asked.
 
 **Half-precision narrow convs (CUDA, TF32 precision).** cuDNN runs the channels-last convs' TF32 kernels after
-converting each input (a pass the size of the activation, ~40% of the conv's own time), and in float16 it runs them
+converting each input (a pass the size of the activation, 40-60% of the conv's own time), and in float16 it runs them
 without that pass, on half the bytes: 2x faster for these 54 convs (``benchmarks/conv_engines.py``). float16 keeps
 TF32's 10-bit mantissa; the conv still accumulates in float32. So with the between-conv kernels and TF32 precision
 the channels-last layers' conv inputs, weights, states and outputs are float16 (``channels_last_dtype``), while the
