@@ -274,7 +274,7 @@ def main() -> None:
             "channels_last_below": args.channels_last_below,
             "between_convs": args.between_convs,
             "cudnn_benchmark": args.cudnn_benchmark,
-            "cudnn_env": {k: os.environ[k] for k in os.environ if k.startswith("TORCH_CUDNN")},
+            "cudnn_env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_CUDNN")},
             "snr_db_vs_fp32": snr,
             "snr_frames": args.snr_frames,
             "rows": rows,

@@ -13,7 +13,7 @@ it (``[B, C_padded, 1, T']`` channels-last over the joined ``[state | new]`` buf
 - ``fp32``: strict float32, which no tensor-core engine may serve;
 - ``fp16`` (reference only: its inputs and outputs rounded to half precision).
 
-``--autotune`` runs them all with ``cudnn.benchmark`` (cuDNN times its candidate engines). It is a whole-process
+``--cudnn-benchmark`` runs them all with ``cudnn.benchmark`` (cuDNN times its candidate engines). It is a whole-process
 switch because PyTorch caches one engine per conv shape whichever way it was chosen.
 
 For each: best-of-``repeat`` milliseconds per call (CUDA events), every kernel one call launched with its GPU time
@@ -43,9 +43,6 @@ from vllm_omni_kani.tools.codec_factory import CODEC_PRESETS, random_decoder_ten
 
 sys.path.insert(0, str(Path(__file__).parent))
 from codec_layers import best_ms
-
-# The environment switches that change how PyTorch asks cuDNN for an engine, recorded with the results.
-CUDNN_ENV = ("TORCH_CUDNN_V8_API_DISABLED", "TORCH_CUDNN_USE_HEURISTIC_MODE_B", "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT")
 
 
 def kernels(fn: Callable[[], object]) -> list[dict]:
@@ -116,11 +113,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="rows per graph replay (the shipped largest bucket)")
     parser.add_argument("--frames", type=int, default=32, help="new frames per row")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--autotune", action="store_true", help="cudnn.benchmark for the whole run")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="cudnn.benchmark for the whole run")
     parser.add_argument("--tag", default="", help="suffix of the JSON's name (the setting under test)")
     parser.add_argument("--out", type=Path, default=None, help="write conv-engines-bB-fF{-TAG}.json here")
     args = parser.parse_args()
-    torch.backends.cudnn.benchmark = args.autotune
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     with torch.device("cuda"):
         decoder = NanoCodecDecoder(CODEC_PRESETS[args.preset])
     load_decoder_state(decoder, random_decoder_tensors(CODEC_PRESETS[args.preset], seed=0))
@@ -145,8 +142,8 @@ def main() -> None:
             "device": torch.cuda.get_device_name(),
             "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version(),
-            "env": {k: os.environ[k] for k in CUDNN_ENV if k in os.environ},
-            "autotune": args.autotune,
+            "cudnn_benchmark": args.cudnn_benchmark,
+            "cudnn_env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_CUDNN")},
             "preset": args.preset,
             "batch": args.batch,
             "frames": args.frames,

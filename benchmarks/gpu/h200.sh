@@ -217,6 +217,19 @@ codec_cuda_tests() {
     tests/test_seeded_noise.py -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
 }
 
+# conv_setting SETTING: how the convengines phase asks cuDNN for an engine, as env_args (environment) and flag (the
+# scripts' --cudnn-benchmark); fails for an unknown SETTING.
+conv_setting() {
+  env_args=() flag=()
+  case $1 in
+    default) ;;
+    autotune) flag=(--cudnn-benchmark) ;;
+    v7) env_args=(TORCH_CUDNN_V8_API_DISABLED=1) ;;
+    modeB) env_args=(TORCH_CUDNN_USE_HEURISTIC_MODE_B=1) ;;
+    *) echo "unknown CONV_SETTINGS entry $1"; return 1 ;;
+  esac
+}
+
 # served_variant PACK LABEL LIMIT_S CHANGE...: the shipped file with each CHANGE (dotted.key=value, see lib.sh's
 # variant) written as stage_configs/kani_tts_LABEL.yaml (dashes as underscores) and served (250 frames at 64 and 256
 # streams), then audio vs frames and step rates; packed as PACK.
@@ -406,28 +419,18 @@ for phase in "$@"; do
     convengines)
       # The channels-last narrow convs' cuDNN kernels (conversions included) under each way of asking cuDNN for an
       # engine (benchmarks/conv_engines.py), then Stage 1 alone (stateful, TF32, fused half-snakes, batch 256) under
-      # the same settings. CONV_SETTINGS picks (default: all four); CONV_CODEC=0 skips the codec runs.
+      # the same settings. CONV_SETTINGS picks (default: all four); CONV_KERNEL_SETTINGS the conv probes alone ("":
+      # none); CONV_CODEC=0 skips the codec runs.
       device_info
-      for setting in ${CONV_KERNEL_SETTINGS-${CONV_SETTINGS:-default autotune v7 modeB}}; do
-        case $setting in
-          default) env_args=() flag=() ;;
-          autotune) env_args=() flag=(--autotune) ;;
-          v7) env_args=(TORCH_CUDNN_V8_API_DISABLED=1) flag=() ;;
-          modeB) env_args=(TORCH_CUDNN_USE_HEURISTIC_MODE_B=1) flag=() ;;
-          *) echo "unknown CONV_SETTINGS entry $setting"; continue ;;
-        esac
+      settings=${CONV_SETTINGS:-default autotune v7 modeB}
+      for setting in ${CONV_KERNEL_SETTINGS-$settings}; do
+        conv_setting "$setting" || continue
         step "conv-engines-$setting" 150 env "${env_args[@]}" python3 benchmarks/conv_engines.py --batch 64 \
           --frames "${CONV_FRAMES:-32}" --out "$R/conv-engines" --tag "$setting" "${flag[@]}"
       done
       if [ "${CONV_CODEC:-1}" = 1 ]; then
-        for setting in ${CONV_SETTINGS:-default autotune v7 modeB}; do
-          case $setting in
-            default) env_args=() flag=() ;;
-            autotune) env_args=() flag=(--cudnn-benchmark) ;;
-            v7) env_args=(TORCH_CUDNN_V8_API_DISABLED=1) flag=() ;;
-            modeB) env_args=(TORCH_CUDNN_USE_HEURISTIC_MODE_B=1) flag=() ;;
-            *) continue ;;
-          esac
+        for setting in $settings; do
+          conv_setting "$setting" || continue
           step "conv-codec-$setting" 200 env "${env_args[@]}" python3 benchmarks/bench_codec_streaming.py \
             --device cuda --batches 256 --chunks 16 64 --precisions tf32 --activations fused --modes stateful \
             --out "$R/conv-engines" --tag="-$setting" "${flag[@]}"
