@@ -87,6 +87,7 @@ def stream_snr(
     channels_last_below: int | None,
     between_convs: bool | None,
     channels_last_dtype: torch.dtype | None = None,
+    next_activation: bool = True,
 ) -> float | None:
     reference = build(preset, device, "fp32")
     decoder = build(preset, device, precision, activations)
@@ -100,6 +101,7 @@ def stream_snr(
         channels_last_below=channels_last_below,
         fuse_between_convs=between_convs,
         channels_last_dtype=channels_last_dtype,
+        fuse_next_activation=next_activation,
     )
     streams = CodecStreams(codec, max_piece_frames=64)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
@@ -135,6 +137,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
             channels_last_below=args.channels_last_below,
             fuse_between_convs=args.between_convs,
             channels_last_dtype=args.channels_last_dtype,
+            fuse_next_activation=args.next_activation,
         )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
@@ -156,6 +159,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         "activations": "fused" if decoder.fused_activations else "eager",
         "between_convs": codec.between_fused if mode == "stateful" else None,
         "channels_last_dtype": str(codec.channels_last_dtype).removeprefix("torch.") if mode == "stateful" else None,
+        "next_activation": codec.between_fused and codec.fuse_next_activation if mode == "stateful" else None,
         "batch": batch,
         "new_frames": new,
         "decoded_frames_per_row": frames,
@@ -209,6 +213,13 @@ def main() -> None:
         help="stateful codec: the channels-last convs' dtype (auto: float16 with TF32 and the between-conv kernels)",
     )
     parser.add_argument(
+        "--next-activation",
+        choices=("on", "off"),
+        default="on",
+        help="stateful codec with the between-conv kernels: each residual add also writes the next unit's input "
+        "half-snake (on, the default) or leaves it to the half-snake kernel",
+    )
+    parser.add_argument(
         "--modes", nargs="+", default=["window", "stateful"], choices=("window", "stateful"), help="modes to time"
     )
     parser.add_argument(
@@ -222,6 +233,7 @@ def main() -> None:
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     args.between_convs = None if args.between_convs is None else args.between_convs == "on"
     args.channels_last_dtype = None if args.channels_last_dtype == "auto" else getattr(torch, args.channels_last_dtype)
+    args.next_activation = args.next_activation == "on"
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
     configs = [(p, a) for p in args.precisions for a in args.activations]
@@ -237,6 +249,7 @@ def main() -> None:
             args.channels_last_below,
             args.between_convs,
             args.channels_last_dtype,
+            args.next_activation,
         )
         print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
         decoder = build(args.preset, args.device, precision, acts)

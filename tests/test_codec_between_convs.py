@@ -224,3 +224,62 @@ def test_stream_with_float16_narrow_convs_keeps_tf32s_snr(tiny_parallel):
         noise = (audio.double() - reference.double()).pow(2).sum()
         snr[dtype] = float(10 * torch.log10(reference.double().pow(2).sum() / noise))
     assert snr[torch.float16] >= max(snr[torch.float32] - 10 * math.log10(4), 60), snr
+
+
+@cuda
+@pytest.mark.parametrize("channel_major", [True, False])
+@pytest.mark.parametrize("act_dtype", [torch.float32, torch.float16])
+def test_residual_kernel_writes_the_next_half_snake(channel_major, act_dtype):
+    """The residual add's output and its half-snake (into a slice of a conv input buffer, float32 or float16) in one
+    pass: the half-snake equals the half-snake kernel's of the output read back, to a few ulps of the output dtype."""
+    channels, width, steps, context = 27, 32, 301, 10
+    snake = HalfSnake(channels).cuda()
+    with torch.no_grad():
+        snake.alpha.copy_(torch.rand(snake.alpha.shape, generator=torch.Generator().manual_seed(0)).cuda() * 3 + 0.05)
+    snake.refresh()
+    snake.fused = True
+    shape = (2, channels, steps) if channel_major else (2, steps, width)
+    y, s = randn(*shape, seed=1, scale=2), randn(*shape, seed=2, scale=2)
+    bias = randn(shape[1] if channel_major else width, seed=4)
+    time_dim = 2 if channel_major else 1
+    joined_shape = list(shape)
+    joined_shape[time_dim] += context
+    joined = torch.full(joined_shape, 7.0, dtype=act_dtype, device="cuda")
+    new = joined.narrow(time_dim, context, steps)
+    act = between_convs.NextActivation(new, snake.alpha, snake.inv_alpha, 0.01)
+    out = between_convs.residual_into(y, s, bias, torch.empty_like(y), channel_major, activation=act)
+    expected_out = between_convs.residual_into(y, s, bias, torch.empty_like(y), channel_major)
+    assert_ulps(out, expected_out, expected_out.abs())
+    expected = torch.empty_like(new)
+    as_bct = (lambda t: t) if channel_major else (lambda t: t.transpose(1, 2))
+    if channel_major:
+        snake.write(out, expected)
+    else:  # channels-last: leaky ReLU past the snake channels, padding included, as the conv input takes it
+        snake.write(as_bct(out), as_bct(expected))
+    if act_dtype == torch.float32:
+        assert_ulps(new, expected, expected.abs())
+    else:
+        torch.testing.assert_close(new, expected, rtol=torch.finfo(torch.float16).eps, atol=2**-24)
+    assert bool((joined.narrow(time_dim, 0, context) == 7.0).all()), "the state part was written"
+    with pytest.raises(ValueError, match="next activation"):
+        bad = between_convs.NextActivation(new.narrow(time_dim, 0, steps - 1), snake.alpha, snake.inv_alpha, 0.01)
+        between_convs.residual_into(y, s, bias, torch.empty_like(y), channel_major, activation=bad)
+
+
+@cuda
+@pytest.mark.parametrize("channels_last_below", [None, 0], ids=["channels-last", "channel-major"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_stream_with_the_next_half_snake_fused_equals_without(tiny_parallel, channels_last_below, precision):
+    """Each residual add writing the next unit's half-snake (and that unit's state from it) streams the same audio as
+    the half-snake kernel reading the add's output back: the same float32 arithmetic, float16 conv sides included.
+    In TF32 an input one float32 ulp off could round to the neighbouring 10-bit mantissa: held to that precision."""
+    decoder = load_codec(tiny_parallel, device="cuda").set_fused_activations(True).set_precision(precision)
+    utterances = {f"r{i}": codes(n, 80 + i) for i, n in enumerate((41, 7, 90, 1))}
+    runs = {}
+    for on in (False, True):
+        codec = StreamingCodec(decoder, num_slots=8, channels_last_below=channels_last_below, fuse_next_activation=on)
+        assert codec.between_fused and codec.fuse_next_activation == on
+        runs[on] = stream_all(CodecStreams(codec, max_piece_frames=24), utterances, (1, 3, 16, 64), seed=8)
+    atol = STREAM_ATOL if precision == "fp32" else torch.finfo(torch.float16).eps  # audio is within [-1, 1]
+    for rid in utterances:
+        torch.testing.assert_close(runs[True][rid], runs[False][rid], atol=atol, rtol=0)

@@ -12,7 +12,8 @@ samples. Two ways to decode it:
   ``codec_channels_last_below``, 0 for none), and the work between the convs runs in Triton kernels
   (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops). With
   those kernels and TF32 the channels-last layers' convs run in float16 (``codec_channels_last_dtype``:
-  ``float32`` keeps them TF32).
+  ``float32`` keeps them TF32), and each residual add also writes the next unit's input half-snake
+  (``codec_fused_next_activation: false`` leaves it to the half-snake kernel).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -207,6 +208,7 @@ class KaniNanoCodecForGeneration(nn.Module):
             channels_last_below=None if below is None else int(below),
             fuse_between_convs=None if between is None else bool(between),
             channels_last_dtype=None if narrow_dtype is None else CHANNELS_LAST_DTYPE_NAMES[narrow_dtype],
+            fuse_next_activation=bool(config.get("codec_fused_next_activation", True)),
         )
         logger.info(
             "Kani codec stage: stateful streams, %d state slots, residual layers %s channels-last",
@@ -253,7 +255,9 @@ class KaniNanoCodecForGeneration(nn.Module):
             precision,
             "-" if codec is None else str(codec.channels_last_dtype).removeprefix("torch."),
             "fused (Triton)" if self.decoder.fused_activations else "eager",
-            "on" if codec is not None and codec.between_fused else "off",
+            "off"
+            if codec is None or not codec.between_fused
+            else "on" + (" (residual adds write the next half-snake)" if codec.fuse_next_activation else ""),
             "" if codec is None else f"; {codec.state_bytes_per_slot / 1024:.1f} KiB of state a stream",
         )
         self._capture_graphs()

@@ -8,7 +8,9 @@ the convs run without their bias and:
 
 - :func:`residual_into` adds the skip conv's bias and the residual in one pass, and for a branch's last unit also
   the branch mean ``(total + y) / n`` (NeMo's ``sum(...) / len(...)``, same association), writing the layer's
-  output in whatever layout the next layer takes;
+  output in whatever layout the next layer takes; inside a branch it can also write the next unit's input
+  half-snake (:class:`NextActivation`) into that unit's conv input, saving the half-snake kernel's read of the
+  float32 residual stream;
 - :func:`upsample_into` is the grouped transposed conv (kernel ``2r``, stride ``r``, two input channels per output
   channel: four multiply-adds per sample) with its bias, written straight into the next layer's layout and channel
   padding, with the stream's one input of state already prepended;
@@ -20,6 +22,8 @@ the contiguous dimension coalesce. Sums happen in float32 in the order eager PyT
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -73,7 +77,16 @@ if triton is not None:
         sot,
         soc,
         divisor,
+        act_ptr,
+        sab,
+        sat,
+        sac,
+        alpha_ptr,
+        inv_alpha_ptr,
+        snake_channels,
+        slope,
         HAS_TOTAL: tl.constexpr,
+        HAS_ACT: tl.constexpr,
         BLOCK_T: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
@@ -88,6 +101,14 @@ if triton is not None:
             total = tl.load(total_ptr + b * stb + t * stt + c * stc, mask=mask, other=0.0)
             r = libdevice.div_rn(total + r, divisor)
         tl.store(out_ptr + b * sob + t * sot + c * soc, r, mask=mask)
+        if HAS_ACT:
+            # The next unit's input half-snake of r, as fused.half_snake_into computes it from r read back.
+            snake = c < snake_channels
+            alpha = tl.load(alpha_ptr + c, mask=snake, other=0.0)
+            inv_alpha = tl.load(inv_alpha_ptr + c, mask=snake, other=0.0)
+            sn = libdevice.sin(alpha * r)
+            h = tl.where(snake, r + inv_alpha * (sn * sn), tl.where(r > 0, r, r * slope))
+            tl.store(act_ptr + b * sab + t * sat + c * sac, h, mask=mask)
 
     @triton.jit
     def _upsample_kernel(
@@ -129,6 +150,29 @@ if triton is not None:
         tl.store(out_ptr + b * sob + o * sot + c * soc, acc, mask=(o < out_length) & (c < out_channels))
 
 
+@dataclass(frozen=True)
+class NextActivation:
+    """The half-snake of the next residual unit, for :func:`residual_into` to apply on the way out: snake with
+    ``alpha`` / ``inv_alpha`` (``HalfSnake``'s, ``alpha.numel()`` channels) then leaky ReLU with ``slope``, written
+    into ``out`` (the new-input part of that unit's joined ``[state | new]`` conv input)."""
+
+    out: torch.Tensor
+    alpha: torch.Tensor
+    inv_alpha: torch.Tensor
+    slope: float
+
+    def check(self, shape: torch.Size) -> None:
+        if not (self.out.is_cuda and self.out.dtype in CONV_OUTPUT_DTYPES and self.out.shape == shape):
+            raise ValueError(
+                f"the next activation's output must be a float32/float16 CUDA tensor of shape {tuple(shape)}; "
+                f"got {self.out.dtype} {tuple(self.out.shape)} on {self.out.device}"
+            )
+        if not all(p.is_cuda and p.dtype == torch.float32 and p.is_contiguous() for p in (self.alpha, self.inv_alpha)):
+            raise ValueError("alpha and inv_alpha must be contiguous float32 CUDA tensors")
+        if self.alpha.numel() != self.inv_alpha.numel():
+            raise ValueError(f"alpha ({self.alpha.numel()}) and inv_alpha ({self.inv_alpha.numel()}) differ in size")
+
+
 def _tiles(batch: int, length: int, channels: int) -> tuple[tuple[int, int, int], int]:
     """The launch grid of ``[BLOCK_T, block_c]`` tiles over ``[batch, length, channels]``, and ``block_c``."""
     block_c = min(triton.next_power_of_2(max(channels, 1)), MAX_BLOCK_C)
@@ -153,22 +197,27 @@ def residual_into(
     total: torch.Tensor | None = None,
     divisor: int = 1,
     channels: int | None = None,
+    activation: NextActivation | None = None,
 ) -> torch.Tensor:
     """``out = y + (s + bias)``, or with ``total`` ``out = (total + y + (s + bias)) / divisor``, over the first
-    ``channels`` channels (default: all of ``y``'s).
+    ``channels`` channels (default: all of ``y``'s); with ``activation`` also its half-snake of ``out`` into
+    ``activation.out``, so the next unit's conv input is written without reading ``out`` back.
 
-    ``y``, ``s``, ``total``: ``[B, C, T]`` when ``channel_major``, else ``[B, T, C]``, any strides; ``out`` is
-    indexed the same way (pass a transposed view to change layout); ``bias``: contiguous ``[>= channels]``.
-    ``s`` (the skip conv's output) may be float16, summed in float32; everything else is float32. ``out`` may be
-    ``s`` when both are float32. Returns ``out``.
+    ``y``, ``s``, ``total``: ``[B, C, T]`` when ``channel_major``, else ``[B, T, C]``, any strides; ``out`` and
+    ``activation.out`` are indexed the same way (pass a transposed view to change layout); ``bias``: contiguous
+    ``[>= channels]``. ``s`` (the skip conv's output) and ``activation.out`` (a conv's input) may be float16, computed
+    in float32; everything else is float32. ``out`` may be ``s`` when both are float32. Returns ``out``.
     """
     _check(y, bias, out, *(() if total is None else (total,)), conv_output=s)
     length = y.shape[2] if channel_major else y.shape[1]
     width = channels if channels is not None else (y.shape[1] if channel_major else y.shape[2])
     batch = y.shape[0]
+    if activation is not None:
+        activation.check(y.shape)
     if batch == 0 or length == 0 or width == 0:
         return out
     tot = s if total is None else total
+    act = activation if activation is not None else NextActivation(out, bias, bias, 0.0)
     grid, block_c = _tiles(batch, length, width)
     _residual_kernel[grid](
         y,
@@ -183,7 +232,14 @@ def residual_into(
         *_btc_strides(tot, channel_major),
         *_btc_strides(out, channel_major),
         float(divisor),
+        act.out,
+        *_btc_strides(act.out, channel_major),
+        act.alpha,
+        act.inv_alpha,
+        act.alpha.numel() if activation is not None else 0,
+        float(act.slope),
         HAS_TOTAL=total is not None,
+        HAS_ACT=activation is not None,
         BLOCK_T=BLOCK_T,
         BLOCK_C=block_c,
     )

@@ -31,7 +31,9 @@ write float16 where a conv does and compute in float32. SNR against strict float
 kernels (``between_convs``) do the rest: the input conv's bias goes into the half-snake after it, the skip conv's
 bias and the residual add are one pass (with the branch mean on the layer's last unit, written channel-major for
 the next up-sampler), and each up-sampler's grouped transposed conv writes the next layer's layout directly, so the
-layout copies and cuDNN's separate bias adds and direct dgrad kernels go.
+layout copies and cuDNN's separate bias adds and direct dgrad kernels go. Within a branch the residual add also writes
+the next unit's input half-snake into that unit's ``[state | new]`` buffer (``fuse_next_activation``), so the
+float32 residual stream is not read back by a half-snake kernel of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import between_convs
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
+    LRELU_SLOPE,
     CausalConv,
     CausalUpsample,
     HalfSnake,
@@ -83,6 +86,7 @@ class StreamingCodec:
         channels_last_below: int | None = None,
         fuse_between_convs: bool | None = None,
         channels_last_dtype: torch.dtype | None = None,
+        fuse_next_activation: bool = True,
     ) -> None:
         if num_slots < 1 or scratch_rows < 1:
             raise ValueError(f"num_slots ({num_slots}) and scratch_rows ({scratch_rows}) must be positive")
@@ -101,6 +105,8 @@ class StreamingCodec:
         if channels_last_dtype not in (None, *CHANNELS_LAST_DTYPES):
             raise ValueError(f"channels_last_dtype must be float32 or float16; got {channels_last_dtype}")
         self._channels_last_dtype = channels_last_dtype
+        # With the between-conv kernels: each residual add also writes the next unit's input half-snake.
+        self.fuse_next_activation = bool(fuse_next_activation)
         self._padded: dict[int, int] = {
             id(m): padded_channels(m.weight.shape[1])
             for i in self.channels_last_layers
@@ -313,27 +319,47 @@ class StreamingCodec:
         The activation writes straight into the joined buffer (one fused kernel on CUDA), so the conv input is
         assembled without a ``cat`` of a separately materialised activation.
         """
-        pool = self.pool[self._index[id(module)]]
-        context = pool.shape[time_dim]
-        shape = list(x.shape)
-        shape[time_dim] += context
-        joined = torch.empty(shape, dtype=pool.dtype, device=x.device)
-        joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
-        new = joined.narrow(time_dim, context, x.shape[time_dim])
+        joined, new = self._joined(module, x, slots, time_dim)
         if act is None:
             new.copy_(x)
         elif time_dim == 2:
             act.write(x, new, act_bias)
         else:  # the activation works on [B, C, T] views
             act.write(x.transpose(1, 2), new.transpose(1, 2), act_bias)
+        self._save_state(module, joined, lengths, slots, time_dim)
+        return joined
+
+    def _joined(
+        self, module: CausalConv | CausalUpsample, x: torch.Tensor, slots: torch.Tensor, time_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new ``[state | new]`` buffer for ``module``'s input (``x``'s shape and the state's dtype) with the rows'
+        states in place, and its ``new`` part for the caller to fill."""
+        pool = self.pool[self._index[id(module)]]
+        context = pool.shape[time_dim]
+        shape = list(x.shape)
+        shape[time_dim] += context
+        joined = torch.empty(shape, dtype=pool.dtype, device=x.device)
+        joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
+        return joined, joined.narrow(time_dim, context, x.shape[time_dim])
+
+    def _save_state(
+        self,
+        module: CausalConv | CausalUpsample,
+        joined: torch.Tensor,
+        lengths: torch.Tensor,
+        slots: torch.Tensor,
+        time_dim: int,
+    ) -> None:
+        """Each row's last ``context`` valid inputs of a filled ``joined`` buffer become its new state."""
+        pool = self.pool[self._index[id(module)]]
+        context = pool.shape[time_dim]
         # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
         span = self._span(lengths, context)
         if time_dim == 2:
-            take = span[:, None, :].expand(-1, x.shape[1], -1)
+            take = span[:, None, :].expand(-1, joined.shape[1], -1)
         else:
-            take = span[:, :, None].expand(-1, -1, x.shape[2])
+            take = span[:, :, None].expand(-1, -1, joined.shape[2])
         pool.index_copy_(0, slots, torch.gather(joined, time_dim, take))
-        return joined
 
     def _conv(
         self,
@@ -348,9 +374,13 @@ class StreamingCodec:
         """``conv(act(x + act_bias))`` with the stream states: ``[B, C, T]`` in and out, or ``[B, T, C_padded]`` for a
         conv of a channels-last layer (one 2-D conv over the joined ``[B, T', C_padded]``); ``with_bias=False``
         leaves the conv's bias (:meth:`conv_bias`) to the caller."""
+        time_dim = 1 if id(conv) in self._padded else 2
+        return self._convolve(conv, self._with_state(conv, x, lengths, slots, act, time_dim, act_bias), with_bias)
+
+    def _convolve(self, conv: CausalConv, joined: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        """The conv over a filled ``[state | new]`` buffer (:meth:`_with_state`'s), as :meth:`_conv` returns it."""
         if id(conv) not in self._padded:
-            return conv.convolve(self._with_state(conv, x, lengths, slots, act, act_bias=act_bias), with_bias)
-        joined = self._with_state(conv, x, lengths, slots, act, time_dim=1, act_bias=act_bias)
+            return conv.convolve(joined, with_bias)
         weight, bias = self._weights_2d[id(conv)]
         # [B, T', C] contiguous is [B, C, 1, T'] in channels-last: no copy on the way in or out.
         y = F.conv2d(
@@ -361,7 +391,7 @@ class StreamingCodec:
         )
         y = y.squeeze(2).transpose(1, 2)
         # The between-conv kernels read a half-precision output as it is; eager ops get the activations' dtype.
-        return y if self.between_fused else y.to(x.dtype)
+        return y if self.between_fused else y.to(self.decoder.dtype)
 
     def conv_bias(self, conv: CausalConv) -> torch.Tensor:
         """A conv's bias as its output carries channels: padded for a channels-last conv."""
@@ -402,12 +432,17 @@ class StreamingCodec:
         """:meth:`_residual_layer` with every conv's bias, the residual adds and the branch mean in the
         between-conv kernels; ``x`` as :meth:`_upsample_fused` returns it, out channel-major ``[B, C, T]``."""
         channel_major = not channels_last
+        time_dim = 2 if channel_major else 1
         branches = layer.res_blocks
         total = None
         for i, branch in enumerate(branches):
             y = x
+            joined = None  # the unit's input conv's [state | act(y)], when the residual add before it wrote it
             for j, unit in enumerate(branch.res_blocks):
-                h = self._conv(unit.input_conv, y, lengths, slots, unit.input_activation, with_bias=False)
+                if joined is None:
+                    h = self._conv(unit.input_conv, y, lengths, slots, unit.input_activation, with_bias=False)
+                else:
+                    h = self._convolve(unit.input_conv, joined, with_bias=False)
                 s = self._conv(
                     unit.skip_conv,
                     h,
@@ -422,7 +457,15 @@ class StreamingCodec:
                 if not (branch_end and i == len(branches) - 1):
                     # In place of the conv output, unless that is half precision: the residual stream stays float32.
                     out = s if s.dtype == y.dtype else torch.empty_like(y)
-                    y = between_convs.residual_into(y, s, bias, out, channel_major)
+                    act, joined = None, None
+                    if self.fuse_next_activation and not branch_end:
+                        following = branch.res_blocks[j + 1]
+                        joined, new = self._joined(following.input_conv, y, slots, time_dim)
+                        snake = following.input_activation
+                        act = between_convs.NextActivation(new, snake.alpha, snake.inv_alpha, LRELU_SLOPE)
+                    y = between_convs.residual_into(y, s, bias, out, channel_major, activation=act)
+                    if joined is not None:
+                        self._save_state(following.input_conv, joined, lengths, slots, time_dim)
                     if branch_end:
                         total = y if total is None else total + y
                 else:  # the layer's last unit: the branch mean, written channel-major without the padding
