@@ -132,6 +132,9 @@
 #   servedalt  `served` with the package from a carried .devsrc/alt.tar (.devsrc/alt-commit says what it is, e.g.
 #            HEAD with one change reverted): a same-instance A/B of code rather than of the YAML; send beside `served`
 #   betweencodec  the codec's between-conv kernels: CUDA-only tests, the codec alone with them off and on
+#   nextact  the residual adds writing the next unit's input half-snake (codec_fused_next_activation): the CUDA-only
+#            codec tests, then the codec alone without and with it, in alternation (NEXTACT_ROUNDS, default 2; batch
+#            sizes NEXTACT_BATCHES, default "64 256")
 #   betweenoff  the shipped YAML with the codec's between-conv kernels off (codec_fused_between_convs: false): their
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
@@ -410,6 +413,20 @@ for phase in "$@"; do
           --between-convs "$side" --out "$R" --tag="-between-$side"
       done
       pack betweencodec ;;
+    nextact)
+      # The residual adds writing the next unit's input half-snake (codec_fused_next_activation): the codec's CUDA-only
+      # tests, then the codec alone (350m preset, TF32, fused half-snakes, float16 narrow convs) without and with it,
+      # NEXTACT_ROUNDS times in alternation (default 2): the codec's own instance drift cancels.
+      device_info
+      codec_cuda_tests
+      for round in $(seq "${NEXTACT_ROUNDS:-2}"); do
+        for side in off on; do
+          step "codec-streaming-next-$side-$round" 240 python3 benchmarks/bench_codec_streaming.py --device cuda \
+            --batches ${NEXTACT_BATCHES:-64 256} --chunks 16 64 --precisions tf32 --activations fused --modes stateful \
+            --next-activation "$side" --out "$R" --tag="-next-$side-$round"
+        done
+      done
+      pack nextact ;;
     betweenoff)
       # The shipped YAML with the codec's between-conv kernels off (cuDNN's bias adds and transposed convs, PyTorch's
       # residual adds and layout copies): their served A/B; send beside `served`.
