@@ -289,6 +289,20 @@ def test_stage_streams_equal_one_decode_and_whole_windows_stay_stateless(flat_ck
     assert stage.streams.live == 0
 
 
+def test_stage_passes_the_next_half_snake_switch_to_its_codec(flat_ckpt):
+    """``codec_fused_next_activation`` (default on) reaches the stateful codec; it only acts with the CUDA kernels, so
+    on the CPU both settings stream the same audio."""
+    utt = codes(20, 23)
+    audio = {}
+    for switch in (None, False):
+        extra = {} if switch is None else {"codec_fused_next_activation": switch}
+        stage = stateful_stage(flat_ckpt, slots=2, **extra)
+        assert stage.streams.codec.fuse_next_activation is (switch is None)
+        assert not stage.streams.codec.between_fused
+        audio[switch] = run(stage, ["r"], [chunk_payload(utt, 0, True)])[0]
+    assert torch.equal(audio[None], audio[False])
+
+
 def test_stage_refuses_an_unknown_replay_plan_at_load(flat_ckpt):
     with pytest.raises(ValueError, match="codec_replay_plan must be one of cheapest, round_up; got 'fastest'"):
         stateful_stage(flat_ckpt, slots=4, codec_replay_plan="fastest")
