@@ -217,6 +217,7 @@ def residual_into(
     if batch == 0 or length == 0 or width == 0:
         return out
     tot = s if total is None else total
+    # Without an activation the kernel still takes its pointers (HAS_ACT=False never touches them).
     act = activation if activation is not None else NextActivation(out, bias, bias, 0.0)
     grid, block_c = _tiles(batch, length, width)
     _residual_kernel[grid](
