@@ -103,7 +103,9 @@
 #            LM replicas, SERVED_ENV the only difference), its side labelled AB_BASE_LABEL (default shipped);
 #            AB_SWEEPS replaces the sweeps (default 250:64,256; e.g. "64:1,64,256 250:1" for one stream and short
 #            requests); send after `served` (a fresh machine's first server compiles for minutes); a side named mps
-#            serves the base file (AB_YAML or the shipped one) under an MPS daemon (mps_start), labelled mps-N;
+#            serves the base file (AB_YAML or the shipped one) under an MPS daemon (mps_start), labelled mps-N; a side
+#            named flat serves the flattened checkpoint with the base file, labelled flat-N (issue 14's "3x the
+#            flattened baseline", measured in alternation on one instance, e.g. AB_ORDER="shipped flat shipped");
 #            SERVED_CHANGES ("dotted.key=value;..." as variant takes them) serves the shipped file with those changes
 #            on the env side; AB_FRESH=1 gives every side an empty compile cache of its own (a first start's compile
 #            and Inductor's timing of its kernels), e.g. for a fresh server's engines against each other (e2e)
@@ -150,17 +152,18 @@ fi
 
 # serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (AB_SWEEPS, default 250 frames at 64 and 256
 # streams) with those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio
-# vs frames.
+# vs frames. SERVE_FLAT=1 serves the flattened checkpoint instead of the parallel-head one (4 tokens a frame).
 serve_env() {
-  local label=$1 env=$2 yaml=$3 limit=$4
+  local label=$1 env=$2 yaml=$3 limit=$4 ckpt=$CK/par tokens=1
   shift 4
+  [ "${SERVE_FLAT:-0}" = 1 ] && ckpt=$CK/flat tokens=4
   (
     for kv in $env; do export "${kv?}"; done
     # shellcheck disable=SC2086
-    serve_sweeps 0 "$label" "$CK/par" "$yaml" "$limit" ${AB_SWEEPS:-250:64,256} "$@"
+    serve_sweeps 0 "$label" "$ckpt" "$yaml" "$limit" ${AB_SWEEPS:-250:64,256} "$@"
   )
   cleanup
-  frames_check "$label"
+  frames_check "$label" "$tokens"
 }
 
 # mps_start / mps_stop: an MPS control daemon for the servers started in between (their processes' kernels then share
@@ -627,12 +630,15 @@ for phase in "$@"; do
         elif [ "$side" = mps ]; then
           label="mps-$i"
           mps_start || continue
+        elif [ "$side" = flat ]; then
+          label="flat-$i"
+          export SERVE_FLAT=1
         fi
         # AB_FRESH=1: each side compiles afresh in a compile cache of its own, as on a machine's first start.
         [ "${AB_FRESH:-0}" = 1 ] && export SERVE_CACHE_ROOT="/tmp/vc-fresh-$i"
         # shellcheck disable=SC2086
         serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
-        unset SERVE_CACHE_ROOT
+        unset SERVE_CACHE_ROOT SERVE_FLAT
         [ "$side" = mps ] && mps_stop
         pack abenv  # after every side: a call cut in a later side still returns the finished ones
       done

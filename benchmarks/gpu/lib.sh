@@ -130,8 +130,10 @@ alt_root() {
 alt_sweeps() { (cd /tmp/alt-repo && PYTHONPATH=/tmp/alt-repo:$PYTHONPATH serve_sweeps "$@"); }
 
 # frames_check LABEL: does every request's audio equal its Stage-0 frames? Read from serve_sweeps LABEL's server log.
+# frames_check LABEL [TOKENS_PER_FRAME]: every request's audio against its Stage-0 frames (4 tokens a frame for a
+# flattened checkpoint; default 1, the parallel heads).
 frames_check() {
-  step "audio-vs-frames-$1" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$1.log" --tokens-per-frame 1 \
+  step "audio-vs-frames-$1" 60 python3 benchmarks/audio_vs_frames.py "$R/serve-$1.log" --tokens-per-frame "${2:-1}" \
     --json "$R/audio-vs-frames-$1.json"
 }
 
