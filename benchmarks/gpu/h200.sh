@@ -44,6 +44,11 @@
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
 #            stock: where the host time of the sampled step goes (the kernels phase found the GPU idle)
+#   batch1   the sampled Stage-0 step at batches 1 and 8 with async scheduling (as served), parallel heads through
+#            our LM-only pipeline, the flattened checkpoint through the same pipeline, and stock vLLM LFM2; each then
+#            under vLLM's torch profiler at batch 1 (kernel and op tables): what the heads add to a one-stream step
+#            (the 1-stream RTF target; thirty-sixth set); batch1spy: py-spy of the step held at batch 1, parallel
+#            heads then flattened
 #   sampler  the code heads' seeded noise as one Triton kernel: its host cost against the torch ops
 #            (benchmarks/sampling_host.py), and the Stage-0 step at 64 and 256, greedy and sampled; stockstep: the same
 #            step of stock vLLM LFM2 (the next call: one engine start each is ~90 s on this machine)
@@ -353,6 +358,21 @@ for phase in "$@"; do
       spy_step stock-sampled vllm "$CK/flat" --soak-sampled
       cleanup
       pack sampledprofile ;;
+    batch1)
+      checkpoints
+      for side in "stage0-b1 omni par" "flat-b1 omni flat" "stock-b1 vllm flat"; do
+        read -r name engine ckpt <<< "$side"
+        step "$name" 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/$ckpt" --engine "$engine" --label "$name" \
+          --out "$R" --batches 1,8 --sampled --async-scheduling --torch-profile "/tmp/kani-prof/$name" --profile-batch 1
+        for t in "$R/$name-profile"/sampled/*; do [ -f "$t" ] && { echo "== $t"; head -c 2000 "$t"; echo; }; done
+        pack batch1
+      done ;;
+    batch1spy)
+      checkpoints
+      spy_step stage0-b1-spy omni "$CK/par" "--soak-sampled --async-scheduling" 1
+      spy_step flat-b1-spy omni "$CK/flat" "--soak-sampled --async-scheduling" 1
+      cleanup
+      pack batch1spy ;;
     sampler|stockstep)
       checkpoints
       if [ "$phase" = sampler ]; then

@@ -14,9 +14,10 @@ scheduling of new requests and output collection cancel out. ``--codes`` also re
 prompts, which ``--compare`` turns into code agreement between two runs (bf16 vs fp8, or vs a W4A16
 checkpoint of ``tools/quantize_w4a16.py``, whose quantization vLLM reads from its ``config.json``).
 
-``--torch-profile DIR`` then runs ``PROFILE_STEPS`` decode steps of the largest batch, greedy (and sampled with
-``--sampled``), under vLLM's torch profiler in the engine's worker (Stage 0's for ``omni``): its tables of kernels
-and ops by self device time (self CPU time on a CPU) go to ``OUT/LABEL-profile/{greedy,sampled}/``, the traces to DIR.
+``--torch-profile DIR`` then runs ``PROFILE_STEPS`` decode steps of the largest batch (or ``--profile-batch``),
+greedy (and sampled with ``--sampled``), under vLLM's torch profiler in the engine's worker (Stage 0's for
+``omni``): its tables of kernels and ops by self device time (self CPU time on a CPU) go to
+``OUT/LABEL-profile/{greedy,sampled}/``, the traces to DIR.
 What the sampled step adds over the greedy one, and what ours adds over stock, is then read per kernel.
 """
 
@@ -96,6 +97,7 @@ def make_engine(args: argparse.Namespace) -> tuple[Generate, Callable[[], None],
             quantization=args.quantization,
             dtype=args.dtype,
             enforce_eager=args.enforce_eager,
+            async_scheduling=args.async_scheduling or None,
             seed=0,
             **({"profiler_config": profiling} if profiling else {}),
         )
@@ -120,6 +122,8 @@ def make_engine(args: argparse.Namespace) -> tuple[Generate, Callable[[], None],
         stage0["dtype"] = args.dtype
     if args.enforce_eager:
         stage0["enforce_eager"] = True
+    if args.async_scheduling:
+        stage0["async_scheduling"] = True
     if profiling:
         stage0["profiler_config"] = profiling
     top: dict[str, Any] = {}
@@ -248,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="omni engine: async scheduling and vLLM-Omni's deferred output building (GPU; synchronous on CPU)",
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="async scheduling on (as Stage 0 is served): the next step's host work overlaps this step's forward",
+    )
     parser.add_argument("--kv-bytes", type=int, default=4 << 30)
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")
     parser.add_argument("--codes", action="store_true", help="record greedy frames (omni engine, parallel heads)")
@@ -271,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help=f"after timing, profile {PROFILE_STEPS} steps of the largest batch (traces in DIR, tables in OUT)",
     )
+    parser.add_argument("--profile-batch", type=int, default=0, help="profile this batch instead of the largest")
     parser.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="code agreement of two runs")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -289,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "label": label,
         "engine": args.engine
         + (f" {args.quantization}" if args.quantization else "")
-        + (" async-output" if args.async_output else ""),
+        + (" async-output" if args.async_output else "")
+        + (" async-scheduling" if args.async_scheduling else ""),
         "meta": report.environment(),
         "ckpt": args.ckpt,
         "step_ms": step_times(generate, args.batches, greedy=True, log=print),
@@ -304,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch_profile:
         dest = out / f"{label}-profile"
         modes = ["greedy", "sampled"] if args.sampled else ["greedy"]
-        profile_steps(generate, profile, max(args.batches), modes, Path(args.torch_profile), dest, print)
+        batch = args.profile_batch or max(args.batches)
+        profile_steps(generate, profile, batch, modes, Path(args.torch_profile), dest, print)
         result["profile_tables"] = str(dest)
     result["bench_s"] = time.perf_counter() - started
     path = report.write_result(out, label, result)
