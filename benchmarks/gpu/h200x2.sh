@@ -21,6 +21,9 @@
 #           one Stage 0 with a Stage-1 replica on each GPU (kani_tts_codec_replicas.yaml)          -> docs/DEPLOY.md
 #   dp      two full pipelines data-parallel behind one API server (kani_tts_dp.yaml), the same requests
 #           (a fresh machine took 323 s to start it: DP_LIMIT_S, default 540)
+#   dp4     dp with two Stage-0 engines on each GPU, as kani_tts.yaml runs them on one (kani_tts_dp.yaml with Stage 0's
+#           num_replicas 4 on devices 0,1,0,1, written as stage_configs/kani_tts_dp4.yaml): the same requests, audio vs
+#           frames; send after onegpu for the one-GPU reference of the same instance
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
 #   onegpu  the shipped YAML on each GPU at once, 250-frame requests at 64 and 256 streams: the one-GPU reference of
 #           a dp call on the same instance, twice; audio vs frames for both
@@ -141,6 +144,17 @@ for phase in "$@"; do
       fi
       step_rates
       pack "$phase" ;;
+    dp4)
+      checkpoints
+      # Replica r of Stage 0 on GPU r mod 2: vLLM-Omni hands requests to each stage's replicas in turn, so request n
+      # meets Stage-0 replica n mod 4 and codec replica n mod 2, both on GPU n mod 2.
+      python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml stage_configs/kani_tts_dp4.yaml \
+        stages.0.num_replicas=4 stages.0.devices=0,1,0,1 > /dev/null
+      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" 250:64,256
+      cleanup
+      frames_check dp4
+      step_rates
+      pack dp4 ;;
     steps)
       checkpoints
       ( export CUDA_VISIBLE_DEVICES=0 VLLM_CACHE_ROOT=/tmp/vc0
