@@ -362,9 +362,7 @@ for phase in "$@"; do
       checkpoints
       for side in "stage0-b1 omni par" "flat-b1 omni flat" "stock-b1 vllm flat"; do
         read -r name engine ckpt <<< "$side"
-        step "$name" 240 python3 -m vllm_omni_kani.benchmarks.step_time "$CK/$ckpt" --engine "$engine" --label "$name" \
-          --out "$R" --batches 1,8 --sampled --async-scheduling --torch-profile "/tmp/kani-prof/$name" --profile-batch 1
-        for t in "$R/$name-profile"/sampled/*; do [ -f "$t" ] && { echo "== $t"; head -c 2000 "$t"; echo; }; done
+        kernel_tables "$name" "$engine" "$CK/$ckpt" 240 --batches 1,8 --async-scheduling --profile-batch 1
         pack batch1
       done ;;
     batch1spy)

@@ -171,12 +171,14 @@ ab_steps() {
   python3 benchmarks/ab_windows.py "$R/$1.log" --batches 64,256 --json "$R/ab-$1.json" | tee "$R/ab-$1.md"
 }
 
-# kernel_tables NAME ENGINE CKPT LIMIT_S: the step at batch 256, greedy and sampled, under vLLM's torch profiler
-# (step_time --torch-profile); the top of each kernel table is printed, the tables travel in $R/NAME-profile/.
+# kernel_tables NAME ENGINE CKPT LIMIT_S [OPTION...]: the step at batch 256, greedy and sampled, under vLLM's torch
+# profiler (step_time --torch-profile; OPTIONs are step_time's, after these, e.g. --batches 1,8 --profile-batch 1); the
+# top of each kernel table is printed, the tables travel in $R/NAME-profile/.
 kernel_tables() {
   local name=$1 engine=$2 ckpt=$3 limit=$4
+  shift 4
   step "$name" "$limit" python3 -m vllm_omni_kani.benchmarks.step_time "$ckpt" --engine "$engine" --label "$name" \
-    --out "$R" --batches 256 --sampled --torch-profile "/tmp/kani-prof/$name"
+    --out "$R" --batches 256 --sampled --torch-profile "/tmp/kani-prof/$name" "$@"
   for t in "$R/$name-profile"/*/*; do [ -f "$t" ] && { echo "== $t"; head -c 2500 "$t"; echo; }; done
 }
 
