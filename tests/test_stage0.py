@@ -113,6 +113,17 @@ def test_penalties_from_device_counts_give_the_same_frames(parallel_omni, tiny_p
         np.testing.assert_array_equal(g, w, err_msg=f"prompt of {len(prompt)} tokens")
 
 
+def test_a_top_k_wider_than_a_code_head_row_samples_the_unfiltered_codes(parallel_omni):
+    """The code heads take each request's top-k; their rows are 4,032 codes wide. A top-k above that (5,000 here;
+    vLLM's "no top-k", -1, is the whole 68,442-token vocabulary) samples what no top-k samples, where vLLM's torch
+    top-k (under 8 head rows: one or two requests) indexed out of range and took the engine down."""
+    seeded = dict(temperature=0.9, top_p=0.95, seed=99)
+    wide = _frames(_run(parallel_omni, PROMPTS[:1], _params(top_k=5000, **seeded))[0])
+    unfiltered = _frames(_run(parallel_omni, PROMPTS[:1], _params(top_k=-1, **seeded))[0])
+    np.testing.assert_array_equal(wide, unfiltered)
+    assert len(np.unique(wide[:, 1:])) > 8  # the heads really sampled
+
+
 def test_codebook1_noise_is_hashed_by_default_and_vllms_draws_stay_batch_independent(
     parallel_omni, tiny_parallel, monkeypatch, capfd
 ):

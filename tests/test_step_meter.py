@@ -131,6 +131,7 @@ def test_only_the_named_patches_alternate(monkeypatch):
         ("off", set()),
         ("penalty_counts", {"penalty_counts"}),
         ("codebook1_noise, penalty_counts", {"penalty_counts", "codebook1_noise"}),
+        ("penalty_counts,code_race_kernel", {"penalty_counts", "code_race_kernel"}),
     ],
 )
 def test_the_sampler_patches_are_chosen_by_name(monkeypatch, value, names):
@@ -144,5 +145,6 @@ def test_an_unknown_sampler_patch_is_named_with_the_valid_ones(monkeypatch):
     from vllm_omni_kani.envs import stage0_sampler_patches
 
     monkeypatch.setenv("KANI_STAGE0_SAMPLER_PATCHES", "penalty_counts,penalties")
-    with pytest.raises(ValueError, match=r"unknown penalties; expected 1 \(all\), 0 \(none\) or .* penalty_counts"):
+    expected = r"unknown penalties; expected 1 \(the defaults\), 0 \(none\) .* penalty_counts"
+    with pytest.raises(ValueError, match=expected):
         stage0_sampler_patches()

@@ -120,7 +120,10 @@ KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"
 # speech mask can leave open. On by default: in-engine A/Bs on an H200 found the first two faster at 256 streams with
 # every request's audio whole (docs/BENCHMARKS.md, "Twelfth set" and "Eighteenth set"); the third cuts the sampling's
 # device time at 256 rows from 0.65 to 0.29 ms, a served difference too small to resolve ("Twenty-fifth set").
-SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise", "top_k_open_columns")
+# ``code_race_kernel``, the code heads sampled and packed in one kernel (``code_race``), is taken only where named,
+# until an in-engine A/B on a GPU measures it.
+SAMPLER_PATCH_NAMES = ("penalty_counts", "codebook1_noise", "top_k_open_columns", "code_race_kernel")
+DEFAULT_SAMPLER_PATCHES = ("penalty_counts", "codebook1_noise", "top_k_open_columns")
 
 
 def _patch_names(name: str, raw: str) -> frozenset[str]:
@@ -129,21 +132,21 @@ def _patch_names(name: str, raw: str) -> frozenset[str]:
     unknown = sorted(names - set(SAMPLER_PATCH_NAMES))
     if unknown:
         raise ValueError(
-            f"{name}={raw!r}: unknown {', '.join(unknown)}; expected 1 (all), 0 (none) or a comma-separated list of "
-            f"{', '.join(SAMPLER_PATCH_NAMES)}"
+            f"{name}={raw!r}: unknown {', '.join(unknown)}; expected 1 (the defaults), 0 (none) or a comma-separated "
+            f"list of {', '.join(SAMPLER_PATCH_NAMES)}"
         )
     return frozenset(names)
 
 
 def stage0_sampler_patches() -> frozenset[str]:
-    """The sampler patches a Kani Stage-0 process takes: all of ``SAMPLER_PATCH_NAMES`` when
+    """The sampler patches a Kani Stage-0 process takes: ``DEFAULT_SAMPLER_PATCHES`` when
     ``KANI_STAGE0_SAMPLER_PATCHES`` is unset or on (1), none when it is off (0), else the comma-separated names it
-    lists.
+    lists (any of ``SAMPLER_PATCH_NAMES``).
 
     Raises ValueError naming the valid names for a name that is not one."""
     raw = os.environ.get(KANI_STAGE0_SAMPLER_PATCHES, "").strip().lower()
     if not raw or raw in TRUTHY:
-        return frozenset(SAMPLER_PATCH_NAMES)
+        return frozenset(DEFAULT_SAMPLER_PATCHES)
     if raw in FALSY:
         return frozenset()
     return _patch_names(KANI_STAGE0_SAMPLER_PATCHES, raw)

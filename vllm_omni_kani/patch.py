@@ -868,10 +868,22 @@ def filter_top_k_in_open_columns() -> bool | None:
     ops.apply_top_k_top_p = with_open_columns(ops.apply_top_k_top_p)
 
 
+def sample_code_heads_in_one_kernel() -> bool:
+    """Stage 0's codebooks 2-4 sampled and packed by one Triton kernel (``code_race``) instead of vLLM's top-k/top-p
+    and torch ops. Not a change to vLLM: the Kani model reads the switch. Taken only where
+    ``KANI_STAGE0_SAMPLER_PATCHES`` names it.
+
+    Returns True."""
+    from vllm_omni_kani.model_executor.models.kani_tts import code_race
+
+    return code_race.take()
+
+
 _STAGE0_SAMPLER_PATCHES = {
     "penalty_counts": count_penalty_tokens_on_device,
     "codebook1_noise": hash_seeded_codebook1_noise,
     "top_k_open_columns": filter_top_k_in_open_columns,
+    "code_race_kernel": sample_code_heads_in_one_kernel,
 }
 
 

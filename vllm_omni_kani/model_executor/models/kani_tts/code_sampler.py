@@ -13,12 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from vllm.v1.sample.ops.topk_topp_sampler import (
-    apply_top_k_top_p,
-    empty_exponential_noise_like,
-    sample_with_exponential_noise,
-)
+from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p, sample_with_exponential_noise
 
+from vllm_omni_kani.model_executor.models.kani_tts import code_race
+from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available, write_seeded_rows
 
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
@@ -48,6 +46,10 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
     # One kernel: the heads' logits promoted to float32 and divided by their request's temperature.
     flat = torch.div(logits, temp.float().view(rows, 1, 1)).view(rows * heads, size)
     top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
+    if top_k is not None:
+        # vLLM keeps top-k per request against codebook 1's vocabulary (no filter: its whole width); a head row is
+        # narrower, and vLLM's torch form indexes out of range for a k above a row's width.
+        top_k = top_k.clamp(max=size)
     flat = apply_top_k_top_p(
         flat,
         None if top_k is None else top_k.repeat_interleave(heads),
@@ -60,32 +62,55 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
     return torch.where(greedy_rows, logits.argmax(dim=-1), sampled)
 
 
-def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """``[R, K, C]`` probabilities → ``[R, K]`` samples: argmax of ``p / q`` with ``q ~ Exp(1)`` (no host sync).
+def sample_packed_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.Tensor:
+    """``[R, K, C]`` head logits → ``[R]`` packed codes (``token_layout.pack_codes``): ``sample_codes``' draw, in one
+    kernel where the ``code_race`` switch applies."""
+    if not code_race.applies(logits.device):
+        return tl.pack_codes(sample_codes(logits, sampling_metadata))
+    if sampling_metadata is None or sampling_metadata.all_greedy:
+        return code_race.sample_packed(logits, None, None, None, None)
+    rows = logits.shape[0]
+    noise = race_noise(logits, sampling_metadata.generators)
+    return code_race.sample_packed(
+        logits, sampling_metadata.temperature, sampling_metadata.top_k, sampling_metadata.top_p, noise.view(rows, -1)
+    )
+
+
+def race_noise(like: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Float32 Exp(1) noise shaped as ``[R, ...]`` ``like``, for an exponential race (no host sync).
 
     Unseeded rows share one batch draw; all seeded rows get their noise from ``seeded_noise`` in one batch (one
     kernel on CUDA), where drawing from each request's generator would cost one launch per request per step (~20 µs
     of host time each on a GPU, 9% of a served Stage-0 step at 256 seeded streams).
     """
-    rows, heads, size = probs.shape
-    q = empty_exponential_noise_like(probs, use_fp64_gumbel=False)
+    rows = like.shape[0]
+    q = torch.empty(like.shape, dtype=torch.float32, device=like.device)
     if len(generators) != rows:
         q.exponential_()
     if generators:
-        write_seeded_rows(q.view(rows, heads * size), generators)
+        write_seeded_rows(q.view(rows, -1), generators)
+    return q
+
+
+def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """``[R, K, C]`` probabilities → ``[R, K]`` samples: argmax of ``p / q`` with ``q ~ Exp(1)`` (``race_noise``)."""
+    rows, heads, size = probs.shape
+    q = race_noise(probs, generators)
     return sample_with_exponential_noise(probs.view(-1, size), q.view(-1, size)).view(rows, heads)
 
 
-def warm_up_kernels(heads: int, size: int, device: torch.device) -> None:
+def warm_up_kernels(heads: int, size: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> None:
     """Compile the sampled path's Triton kernels now, at model load, not in the first sampled step.
 
     A compile in a step stalls every stream for seconds on a fresh machine (py-spy of the first sampled steps at
     batch 256, docs/BENCHMARKS.md "Tenth set"); Triton then keeps the kernels on disk. vLLM's own sampler warm-up
     covers its vocabulary only, and with top-k and top-p both on. Covered here: vLLM's top-k/top-p kernel at the
-    heads' width for each filter set and both row-count specialisations, and the seeded-noise kernel.
+    heads' width for each filter set and both row-count specialisations, the seeded-noise kernel, and where its
+    switch is taken the one-kernel sampler (``code_race``) for heads' logits of ``dtype``.
     """
     if device.type != "cuda":
         return
+    code_race.warm_up(heads, size, dtype, device)
     for requests in WARM_UP_REQUESTS:
         warm_up_filter_sets(apply_top_k_top_p, requests * heads, size, size - 1, device)
     if fused_kernel_available(device):

@@ -39,7 +39,7 @@ from vllm_omni.model_executor.models.output_templates import OmniOutput
 from vllm_omni_kani import patch
 from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise, open_columns
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_packed_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
 from vllm_omni_kani.model_executor.models.kani_tts.kani_tts2_lm import KaniTTS2Layers
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import KernelTrace
@@ -222,15 +222,25 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
     def make_omni_output(self, model_output: Any, **kwargs: Any) -> Any:
         hidden = model_output
         logits_index = kwargs.get("logits_index")
-        codes = torch.full((scheduled_tokens(hidden, kwargs),), tl.NO_CODES, dtype=torch.long, device=hidden.device)
-        if logits_index is not None and logits_index.numel():
-            rows = logits_index.to(hidden.device).long()
-            sampled = tl.pack_codes(sample_codes(self.code_logits(hidden[rows]), kwargs.get("sampling_metadata")))
+        tokens = scheduled_tokens(hidden, kwargs)
+        if logits_index is None or not logits_index.numel():
+            codes = torch.full((tokens,), tl.NO_CODES, dtype=torch.long, device=hidden.device)
+        else:
+            # vLLM samples each request's last token, in token order: a step that samples as many rows as it has
+            # tokens (every decode step) samples token i in row i, with no gather and no scatter.
+            every_token = logits_index.numel() == tokens
+            rows = None if every_token else logits_index.to(hidden.device).long()
+            picked = hidden[:tokens] if every_token else hidden[rows]
+            codes = sample_packed_codes(self.code_logits(picked), kwargs.get("sampling_metadata"))
             eligible = kwargs.get("request_sample_eligible")
-            if eligible is not None and len(eligible) == rows.shape[0]:
-                keep = self._eligible_staging.to_device(np.asarray(eligible, dtype=np.bool_), hidden.device)
-                sampled = torch.where(keep, sampled, tl.NO_CODES)
-            codes[rows] = sampled
+            if eligible is not None and len(eligible) == codes.shape[0]:
+                eligible = np.asarray(eligible, dtype=np.bool_)
+                if not eligible.all():  # a decode step keeps every row: no copy, no select
+                    keep = self._eligible_staging.to_device(eligible, hidden.device)
+                    codes = torch.where(keep, codes, tl.NO_CODES)
+            if not every_token:
+                sampled, codes = codes, torch.full((tokens,), tl.NO_CODES, dtype=torch.long, device=hidden.device)
+                codes[rows] = sampled
         if codes.is_cuda and not self.use_async_omni_output:
             codes = to_host_in_stream_order(codes)
         return OmniOutput(text_hidden_states=hidden, multimodal_outputs={tl.CODES_KEY[0]: {tl.CODES_KEY[1]: codes}})
@@ -261,7 +271,7 @@ class ParallelHeadLfm2ForCausalLM(_KaniLfm2Base):
                 f"needs {', '.join(CODE_HEAD_NAMES)} ([{tl.CODEBOOK_SIZE}, {hidden}] each). A flattened Kani-TTS "
                 f"checkpoint should declare architectures=['Lfm2ForCausalLM'] instead."
             )
-        warm_up_kernels(NUM_CODE_HEADS, tl.CODEBOOK_SIZE, head_weight.device)
+        warm_up_kernels(NUM_CODE_HEADS, tl.CODEBOOK_SIZE, head_weight.device, head_weight.dtype)
         return loaded | {"code_heads.weight"}
 
 
