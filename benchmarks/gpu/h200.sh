@@ -67,6 +67,8 @@
 #            with the patches alternating (benchmarks/ab_windows.py on the server log: the served step per side);
 #            servedsampler: `served` with KANI_STAGE0_SAMPLER_PATCHES=$SAMPLER (default 0: vLLM's own sampler path),
 #            audio vs frames
+#   abrace   the code heads' one-kernel sampler (code_race_kernel) A/B'd alone inside one engine: its CUDA tests, then
+#            the sampled step held at batches 1, 64 and 256 (AB_BATCHES) with async scheduling
 #   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, on by default) A/B'd alone in 2-s windows on top of
 #            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
 #            audio vs frames
@@ -358,19 +360,26 @@ for phase in "$@"; do
       spy_step stock-sampled vllm "$CK/flat" --soak-sampled
       cleanup
       pack sampledprofile ;;
-    batch1)
+    batch1|batch1spy)
+      # The timed and profiled steps are seeded (vLLM's per-request generators), which never take FlashInfer's
+      # sampler; only vLLM's start-up warm-up calls it, and on a fresh machine that JIT-compiles it for minutes (the
+      # first attempt's engines sat ~150 s after their profiling run until the step's limit cut them).
+      export VLLM_USE_FLASHINFER_SAMPLER=0
       checkpoints
-      for side in "stage0-b1 omni par" "flat-b1 omni flat" "stock-b1 vllm flat"; do
-        read -r name engine ckpt <<< "$side"
-        kernel_tables "$name" "$engine" "$CK/$ckpt" 240 --batches 1,8 --async-scheduling --profile-batch 1
-        pack batch1
+      if [ "$phase" = batch1 ]; then
+        for side in "stage0-b1 omni par" "flat-b1 omni flat" "stock-b1 vllm flat"; do
+          read -r name engine ckpt <<< "$side"
+          kernel_tables "$name" "$engine" "$CK/$ckpt" 240 --batches 1,8 --async-scheduling --profile-batch 1
+          pack batch1
+        done
+        continue
+      fi
+      for side in "stage0-b1-spy par" "flat-b1-spy flat"; do
+        read -r name ckpt <<< "$side"
+        spy_step "$name" omni "$CK/$ckpt" "--soak-sampled --async-scheduling" 1
+        cleanup
+        pack batch1spy
       done ;;
-    batch1spy)
-      checkpoints
-      spy_step stage0-b1-spy omni "$CK/par" "--soak-sampled --async-scheduling" 1
-      spy_step flat-b1-spy omni "$CK/flat" "--soak-sampled --async-scheduling" 1
-      cleanup
-      pack batch1spy ;;
     sampler|stockstep)
       checkpoints
       if [ "$phase" = sampler ]; then
@@ -537,6 +546,18 @@ for phase in "$@"; do
       ab_steps ab-penalty-counts 1
       cleanup
       pack abstep ;;
+    abrace)
+      # The code heads sampled in one kernel (code_race_kernel, taken only where named) A/B'd alone on top of the
+      # default patches: its CUDA tests, then the sampled step held at batches 1, 64 and 256 with async scheduling
+      # (Stage 0 as served). Seeded steps never take FlashInfer's sampler (see batch1).
+      export VLLM_USE_FLASHINFER_SAMPLER=0
+      checkpoints
+      step race-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_code_race.py tests/test_code_sampler.py
+      pack abrace
+      KANI_SAMPLER_AB_PATCHES=code_race_kernel AB_BATCHES=${AB_BATCHES:-1,64,256} ab_steps ab-code-race \
+        penalty_counts,codebook1_noise,top_k_open_columns,code_race_kernel --async-scheduling
+      cleanup
+      pack abrace ;;
     abserved)
       checkpoints
       export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}

@@ -161,14 +161,17 @@ sampled_steps() {
     --batches 64,256 --sampled
 }
 
-# ab_steps LABEL PATCHES: the sampled Stage-0 step held at batch 64 and then 256 (step_time soaks, AB_SOAK_S s each)
-# with KANI_STAGE0_SAMPLER_PATCHES=PATCHES taken in even AB_PERIOD_S-s windows and vLLM's path in odd ones, in one
-# engine; benchmarks/ab_windows.py pairs neighbouring windows of the step meter.
+# ab_steps LABEL PATCHES [STEP_TIME_OPTION...]: the sampled Stage-0 step held at each of AB_BATCHES (64,256) in turn
+# (step_time soaks, AB_SOAK_S s each) with KANI_STAGE0_SAMPLER_PATCHES=PATCHES taken in even AB_PERIOD_S-s windows and
+# vLLM's path in odd ones (KANI_SAMPLER_AB_PATCHES, where set, names the ones that alternate), in one engine;
+# benchmarks/ab_windows.py pairs neighbouring windows of the step meter.
 ab_steps() {
-  KANI_STAGE0_SAMPLER_PATCHES=$2 KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2} step "$1" 420 \
-    python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label "$1" --out "$R" --batches 64,256 \
-    --soak-seconds "${AB_SOAK_S:-40}" --soak-batches 64,256 --soak-sampled
-  python3 benchmarks/ab_windows.py "$R/$1.log" --batches 64,256 --json "$R/ab-$1.json" | tee "$R/ab-$1.md"
+  local name=$1 patches=$2 batches=${AB_BATCHES:-64,256}
+  shift 2
+  KANI_STAGE0_SAMPLER_PATCHES=$patches KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2} step "$name" 420 \
+    python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --label "$name" --out "$R" \
+    --batches "$batches" --soak-seconds "${AB_SOAK_S:-40}" --soak-batches "$batches" --soak-sampled "$@"
+  python3 benchmarks/ab_windows.py "$R/$name.log" --batches "$batches" --json "$R/ab-$name.json" | tee "$R/ab-$name.md"
 }
 
 # kernel_tables NAME ENGINE CKPT LIMIT_S [OPTION...]: the step at batch 256, greedy and sampled, under vLLM's torch
