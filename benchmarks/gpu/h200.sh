@@ -69,6 +69,7 @@
 #            audio vs frames
 #   abrace   the code heads' one-kernel sampler (code_race_kernel) A/B'd alone inside one engine: its CUDA tests, then
 #            the sampled step held at batches 1, 64 and 256 (AB_BATCHES) with async scheduling
+#            abracesrv: the same in the served engine (ab_patch) at 1, 64 and 256 streams of 250 frames
 #   abcodebook1  the seeded codebook-1 noise patch (codebook1_noise, on by default) A/B'd alone in 2-s windows on top of
 #            the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, `served` (AB_SWEEPS), ab_windows per batch,
 #            audio vs frames
@@ -260,21 +261,23 @@ served_variant() {
 }
 
 # ab_patch PACK PATCH LABEL TEST...: one Stage-0 sampler patch alternating with vLLM's path in 2-s windows
-# (AB_PERIOD_S) on top of the default patches (KANI_SAMPLER_AB_PATCHES): its CUDA tests, then served (AB_SWEEPS,
-# default 64 and 256 streams of 250 frames) as LABEL-ab, the served step per side (ab_windows, ab-LABEL.json), every
-# request's audio against its frames, and the step rates; packed as PACK.
+# (AB_PERIOD_S) on top of the default patches (KANI_SAMPLER_AB_PATCHES; a patch taken only where named is named with
+# them): its CUDA tests, then served (AB_SWEEPS, default 64 and 256 streams of 250 frames) as LABEL-ab, the served step
+# per side (ab_windows over AB_WINDOW_BATCHES, default 64,256, ab-LABEL.json), every request's audio against its frames,
+# and the step rates; packed as PACK.
 ab_patch() {
   local pack=$1 name=$2 label=$3
   shift 3
   checkpoints
   step "$label-tests" 180 python3 -m pytest -q -p no:cacheprovider "$@"
-  export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PATCHES=$name KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
+  export KANI_STAGE0_SAMPLER_PATCHES=penalty_counts,codebook1_noise,top_k_open_columns,$name
+  export KANI_SAMPLER_AB_PATCHES=$name KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
   # shellcheck disable=SC2086
   serve_sweeps 0 "$label-ab" "$CK/par" stage_configs/kani_tts.yaml 450 ${AB_SWEEPS:-250:64,256}
   unset KANI_STAGE0_SAMPLER_PATCHES KANI_SAMPLER_AB_PATCHES KANI_SAMPLER_AB_PERIOD_S
   cleanup
   frames_check "$label-ab"
-  python3 benchmarks/ab_windows.py "$R/serve-$label-ab.log" --batches 64,256 --min-share 0.7 \
+  python3 benchmarks/ab_windows.py "$R/serve-$label-ab.log" --batches "${AB_WINDOW_BATCHES:-64,256}" --min-share 0.7 \
     --json "$R/ab-$label.json" | tee "$R/ab-$label.md"
   step_rates
   pack "$pack"
@@ -558,6 +561,12 @@ for phase in "$@"; do
         penalty_counts,codebook1_noise,top_k_open_columns,code_race_kernel --async-scheduling
       cleanup
       pack abrace ;;
+    abracesrv)
+      # code_race_kernel A/B'd alone in the served engine: one stream (the RTF target), 64 and 256. Seeded requests
+      # never take FlashInfer's sampler, which a fresh machine compiles for ~2 minutes at start (see batch1).
+      export VLLM_USE_FLASHINFER_SAMPLER=0
+      AB_SWEEPS=${AB_SWEEPS:-250:1,64,256} AB_WINDOW_BATCHES=${AB_WINDOW_BATCHES:-1,64,256} \
+        ab_patch abracesrv code_race_kernel code-race tests/test_code_race.py ;;
     abserved)
       checkpoints
       export KANI_STAGE0_SAMPLER_PATCHES=1 KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
