@@ -3,7 +3,7 @@ race of each head row, then the three codes packed the way ``token_layout.pack_c
 
 The torch form (``code_sampler.sample_codes`` then ``pack_codes``) launches ~25 kernels a sampled step, more below 8
 head rows where vLLM's top-k/top-p falls back to a sort in torch ops; at one stream the step is host-bound and
-``make_omni_output`` took ~0.9 ms of a 4.3 ms step, the parallel heads' whole cost over the flattened checkpoint's step
+``make_omni_output`` took ~1.0 ms of a ~4.3 ms step, the parallel heads' whole cost over the flattened checkpoint's step
 (py-spy of the sampled step held at batch 1, docs/BENCHMARKS.md "Thirty-seventh set"). A head row is 4,032 codes, so
 one program holds a request's rows whole: it sorts each row once, takes top-k's k-th value and top-p's nucleus floor
 from the sorted values, and races what is left against the same Exp(1) noise the torch form draws (unseeded rows'

@@ -17,10 +17,9 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p, sample_with_
 
 from vllm_omni_kani.model_executor.models.kani_tts import code_race
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.code_race import GREEDY_EPS
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available, write_seeded_rows
 
-# vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
-GREEDY_EPS = 1e-5
 # Request counts for the warm-up whose head rows (three per request) fall in both of Triton's integer
 # specialisations of the row count, not a multiple of 16 and a multiple of 16 (its top-k/top-p kernel runs from 8 rows).
 WARM_UP_REQUESTS = (3, 16)
