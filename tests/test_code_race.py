@@ -14,6 +14,7 @@ from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch, samp
 from tests.conftest import run_python
 from tests.test_code_sampler import metadata
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.code_race import GREEDY_EPS
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import race_noise, sample_codes
 
 HEADS, SIZE = 3, tl.CODEBOOK_SIZE
@@ -43,7 +44,7 @@ def _metadata(device: str, top_k: bool, top_p: bool, size: int = SIZE):
 def _reference(logits: torch.Tensor, meta, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's torch form on ``[R, K, C]`` logits with ``noise``: ``([R, K]`` codes, ``[R, K]`` unambiguous)."""
     rows, _, size = logits.shape
-    temperature = torch.where(meta.temperature < 1e-5, torch.ones_like(meta.temperature), meta.temperature)
+    temperature = torch.where(meta.temperature < GREEDY_EPS, torch.ones_like(meta.temperature), meta.temperature)
     flat = torch.div(logits, temperature.float().view(rows, 1, 1)).view(rows * HEADS, size)
     k = None if meta.top_k is None else meta.top_k.clamp(max=size).repeat_interleave(HEADS)
     p = None if meta.top_p is None else meta.top_p.repeat_interleave(HEADS)
@@ -51,7 +52,7 @@ def _reference(logits: torch.Tensor, meta, noise: torch.Tensor) -> tuple[torch.T
     probs = filtered.softmax(dim=-1)
     scores = probs / noise.view(rows * HEADS, size)
     sampled = sample_with_exponential_noise(probs.clone(), noise.view(rows * HEADS, size).clone())
-    codes = torch.where((meta.temperature < 1e-5).unsqueeze(1), logits.argmax(-1), sampled.view(rows, HEADS))
+    codes = torch.where((meta.temperature < GREEDY_EPS).unsqueeze(1), logits.argmax(-1), sampled.view(rows, HEADS))
     # Unambiguous: no kept code's probability-before within EDGE of p, and the race's winner clear of the runner-up.
     ranked = flat.masked_fill(filtered == float("-inf"), float("-inf")).sort(dim=-1, descending=True).values
     weights = ranked.softmax(dim=-1)

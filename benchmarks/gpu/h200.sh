@@ -270,7 +270,8 @@ ab_patch() {
   shift 3
   checkpoints
   step "$label-tests" 180 python3 -m pytest -q -p no:cacheprovider "$@"
-  export KANI_STAGE0_SAMPLER_PATCHES=penalty_counts,codebook1_noise,top_k_open_columns,$name
+  KANI_STAGE0_SAMPLER_PATCHES=$(with_default_patches "$name")
+  export KANI_STAGE0_SAMPLER_PATCHES
   export KANI_SAMPLER_AB_PATCHES=$name KANI_SAMPLER_AB_PERIOD_S=${AB_PERIOD_S:-2}
   # shellcheck disable=SC2086
   serve_sweeps 0 "$label-ab" "$CK/par" stage_configs/kani_tts.yaml 450 ${AB_SWEEPS:-250:64,256}
@@ -558,7 +559,7 @@ for phase in "$@"; do
       step race-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_code_race.py tests/test_code_sampler.py
       pack abrace
       KANI_SAMPLER_AB_PATCHES=code_race_kernel AB_BATCHES=${AB_BATCHES:-1,64,256} ab_steps ab-code-race \
-        penalty_counts,codebook1_noise,top_k_open_columns,code_race_kernel --async-scheduling
+        "$(with_default_patches code_race_kernel)" --async-scheduling
       cleanup
       pack abrace ;;
     abracesrv)

@@ -161,6 +161,13 @@ sampled_steps() {
     --batches 64,256 --sampled
 }
 
+# with_default_patches NAME: the default Stage-0 sampler patches (envs.DEFAULT_SAMPLER_PATCHES) and NAME, as
+# KANI_STAGE0_SAMPLER_PATCHES takes them: a switch taken only where named, on top of the defaults.
+with_default_patches() {
+  python3 -c "import sys; from vllm_omni_kani.envs import DEFAULT_SAMPLER_PATCHES as d
+print(','.join((*d, sys.argv[1])))" "$1"
+}
+
 # ab_steps LABEL PATCHES [STEP_TIME_OPTION...]: the sampled Stage-0 step held at each of AB_BATCHES (64,256) in turn
 # (step_time soaks, AB_SOAK_S s each) with KANI_STAGE0_SAMPLER_PATCHES=PATCHES taken in even AB_PERIOD_S-s windows and
 # vLLM's path in odd ones (KANI_SAMPLER_AB_PATCHES, where set, names the ones that alternate), in one engine;
