@@ -97,7 +97,8 @@ def _dispatch_matches_the_torch_form(device: str, size: int = SIZE) -> None:
     from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_packed_codes
 
     code_race.take()
-    assert code_race.applies(torch.device(device))
+    assert code_race.applies(torch.device(device), code_race.MAX_ROWS)
+    assert not code_race.applies(torch.device(device), code_race.MAX_ROWS + 1)  # vLLM's batched kernels win there
     torch.manual_seed(1)
     logits = torch.randn(len(TEMPERATURES), HEADS, size, device=device)
     meta = _metadata(device, True, True, size)
@@ -135,10 +136,10 @@ def test_the_compiled_kernel_draws_the_torch_forms_codes_on_cuda(monkeypatch):
     _dispatch_matches_the_torch_form("cuda")
 
 
-def test_the_switch_is_off_unless_named():
+def test_the_switch_is_off_until_a_stage0_model_takes_it():
     from vllm_omni_kani.model_executor.models.kani_tts import code_race
 
-    assert not code_race.applies(torch.device("cpu"))  # not taken in this process
+    assert not code_race.applies(torch.device("cpu"), 1)  # on by default, but only a Stage-0 model takes it
 
 
 def test_a_top_k_wider_than_a_head_row_samples_as_unfiltered():

@@ -125,8 +125,8 @@ def test_only_the_named_patches_alternate(monkeypatch):
 @pytest.mark.parametrize(
     ("value", "names"),
     [
-        ("", {"penalty_counts", "codebook1_noise", "top_k_open_columns"}),
-        ("1", {"penalty_counts", "codebook1_noise", "top_k_open_columns"}),
+        ("", {"penalty_counts", "codebook1_noise", "top_k_open_columns", "code_race_kernel"}),
+        ("1", {"penalty_counts", "codebook1_noise", "top_k_open_columns", "code_race_kernel"}),
         ("0", set()),
         ("off", set()),
         ("penalty_counts", {"penalty_counts"}),

@@ -14,8 +14,9 @@ Filters as vLLM's torch form applies them: top-k keeps every code at least as la
 top-p then keeps the largest codes until the probability of those before a code reaches ``p`` (the top code always);
 a request whose temperature is below ``GREEDY_EPS`` takes each head's argmax.
 
-Experimental Stage-0 switch ``code_race_kernel`` (``KANI_STAGE0_SAMPLER_PATCHES`` lists it; off by default until an
-in-engine A/B on a GPU measures it).
+Stage-0 switch ``code_race_kernel`` (``KANI_STAGE0_SAMPLER_PATCHES``, on by default), taken for steps of at most
+``MAX_ROWS`` sampled requests: one program a request does the work that vLLM's batched top-k/top-p kernel spreads over
+the GPU, so it wins where launches dominate and not where the sort does (docs/BENCHMARKS.md, "Thirty-eighth set").
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ NAME = "code_race_kernel"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_SA
 # vLLM treats temperatures below this as greedy (vllm.v1.sample.sampler._SAMPLING_EPS).
 GREEDY_EPS = 1e-5
 _NUM_WARPS = 8  # a 4,096-wide row: 16 values a thread
+# The most sampled requests a step takes the kernel for. In-engine A/B on an H200 (sampled step held, async scheduling,
+# 2-s windows): 0.89x the step at batch 1, 0.94x at 4, 0.95x at 16, 1.00x at 64, 1.05x at 256.
+MAX_ROWS = 16
 
 _taken = False
 
@@ -47,10 +51,10 @@ def take() -> bool:
     return True
 
 
-def applies(device: torch.device) -> bool:
-    """Whether a step on ``device`` samples its code heads here now: the switch taken, in its A/B window, and the kernel
-    able to run (CUDA, or Triton's interpreter)."""
-    return _taken and fused_kernel_available(device) and sampler_ab.patched_now(NAME)
+def applies(device: torch.device, rows: int) -> bool:
+    """Whether a step of ``rows`` sampled requests on ``device`` samples its code heads here now: the switch taken, at
+    most ``MAX_ROWS`` rows, in its A/B window, and the kernel able to run (CUDA, or Triton's interpreter)."""
+    return _taken and rows <= MAX_ROWS and fused_kernel_available(device) and sampler_ab.patched_now(NAME)
 
 
 def warm_up(heads: int, width: int, dtype: torch.dtype, device: torch.device) -> None:

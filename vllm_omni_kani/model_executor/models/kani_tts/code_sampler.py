@@ -64,7 +64,7 @@ def sample_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.T
 def sample_packed_codes(logits: torch.Tensor, sampling_metadata: Any | None) -> torch.Tensor:
     """``[R, K, C]`` head logits → ``[R]`` packed codes (``token_layout.pack_codes``): ``sample_codes``' draw, in one
     kernel where the ``code_race`` switch applies."""
-    if not code_race.applies(logits.device):
+    if not code_race.applies(logits.device, logits.shape[0]):
         return tl.pack_codes(sample_codes(logits, sampling_metadata))
     if sampling_metadata is None or sampling_metadata.all_greedy:
         return code_race.sample_packed(logits, None, None, None, None)
