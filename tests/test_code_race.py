@@ -142,6 +142,26 @@ def test_the_switch_is_off_until_a_stage0_model_takes_it():
     assert not code_race.applies(torch.device("cpu"), 1)  # on by default, but only a Stage-0 model takes it
 
 
+def test_the_load_time_warm_up_brings_a_served_steps_dtypes():
+    """vLLM builds and loads a model with its dtype as torch's default (bfloat16 here): the warm-up's tensors keep a
+    served step's dtypes (vLLM's float32 temperature and top-p, int32 top-k, the race's float32 noise, the heads'
+    logits in the model's dtype), else it compiles specialisations no step launches."""
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    from vllm_omni_kani.model_executor.models.kani_tts import code_race
+
+    with set_default_torch_dtype(torch.bfloat16):
+        calls = code_race.warm_up_arguments(HEADS, SIZE, torch.bfloat16, torch.device("cpu"))
+    # greedy, then each filter set
+    present = [tuple(arg is not None for arg in call[1:4]) for call in calls]  # temperature, top-k, top-p
+    assert present[0] == (False, False, False)
+    assert present[1:] == [(True, False, False), (True, True, False), (True, False, True), (True, True, True)]
+    for logits, temperature, top_k, top_p, noise in calls:
+        assert logits.dtype == torch.bfloat16 and logits.shape == (1, HEADS, SIZE)
+        assert all(arg is None or arg.dtype == torch.float32 for arg in (temperature, top_p, noise))
+        assert top_k is None or top_k.dtype == torch.int32
+
+
 def test_a_top_k_wider_than_a_head_row_samples_as_unfiltered():
     """vLLM gives a request without top-k its whole vocabulary as k; with the heads' rows 4,032 wide its codes are
     the unfiltered draw, in a batch beside a filtered request too."""

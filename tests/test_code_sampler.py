@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from tests.conftest import run_python
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_codes, warm_up_kernels
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import (
+    sample_codes,
+    sample_packed_codes,
+    warm_up_filter_sets,
+    warm_up_kernels,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_exponentials
 
 HEADS, SIZE = 3, 64
@@ -121,35 +127,55 @@ def test_unseeded_codes_follow_the_tempered_softmax_of_each_head():
 
 
 def _no_kernel_compiles_after_the_warm_up() -> None:
-    """Raises AssertionError if a sampled step compiles a kernel after ``warm_up_kernels`` (the code heads) and
-    ``codebook1_noise.warm_up_kernel`` (codebook 1 at the vocabulary's width). Run in a fresh process: the count is
-    of the kernels compiled in this process, so an earlier test's use cannot hide a kernel the warm-up missed."""
+    """Raises AssertionError if a sampled step compiles a kernel after ``warm_up_kernels`` (the code heads, the
+    one-kernel sampler's switch taken) and ``codebook1_noise.warm_up_kernel`` (codebook 1 at the vocabulary's width),
+    both run as a model load runs them: under vLLM's default dtype, the model's bfloat16. Run in a fresh process: the
+    count is of the kernels compiled in this process, so an earlier test's use cannot hide a kernel the warm-up
+    missed."""
     from vllm.v1.sample.ops.topk_topp_triton import _topk_topp_kernel
 
-    from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise
+    from vllm_omni_kani.model_executor.models.kani_tts import code_race, codebook1_noise
     from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import _hashed_exponentials_kernel
 
     def compiled() -> int:
-        kernels = (_topk_topp_kernel, _hashed_exponentials_kernel)
+        kernels = (_topk_topp_kernel, _hashed_exponentials_kernel, code_race._code_race_kernel)
         return sum(len(cache[0]) for kernel in kernels for cache in kernel.device_caches.values())
 
     size, vocab, device = 4032, 68442, torch.device("cuda")
     assert compiled() == 0
-    warm_up_kernels(3, size, device)
-    codebook1_noise.warm_up_kernel(vocab, device)
+    code_race.take()
+    with set_default_torch_dtype(torch.bfloat16):
+        warm_up_kernels(3, size, device, torch.bfloat16)
+        codebook1_noise.warm_up_kernel(vocab, device)
     before = compiled()
-    # three filter sets at two row-count classes, and the noise of the heads and of codebook 1
-    assert before >= 8
-    for rows in (5, 11, 32, 256):
-        for top_k, top_p in ((None, 0.9), (50, None), (50, 0.9)):
+    # three filter sets at two row-count classes, the noise of the heads and of codebook 1, the one-kernel sampler's
+    # five specialisations
+    assert before >= 13
+    for rows in (1, 5, 11, 16, 32, 256):  # the one-kernel sampler up to its MAX_ROWS, then vLLM's top-k/top-p
+        logits = torch.randn(rows, 3, size, device=device).to(torch.bfloat16)  # as the code heads' GEMM gives them
+        assert sample_packed_codes(logits, None).shape == (rows,)
+        for top_k, top_p in ((None, None), (None, 0.9), (50, None), (50, 0.9)):
             meta = metadata(rows, {0: 7}, device="cuda")
             meta.top_k = None if top_k is None else torch.full((rows,), top_k, dtype=torch.int32, device=device)
             meta.top_p = None if top_p is None else torch.full((rows,), top_p, device=device)
-            codes = sample_codes(torch.randn(rows, 3, size, device=device), meta)
-            assert codes.shape == (rows, 3)
+            assert sample_packed_codes(logits, meta).shape == (rows,)
         probs = torch.rand(rows, vocab, device=device).softmax(dim=-1)
         codebook1_noise.hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(rows)})
     assert compiled() == before
+
+
+def test_the_filter_warm_up_brings_a_served_steps_dtypes_under_vllms_load_time_dtype():
+    """vLLM builds and loads a model with its dtype as torch's default (bfloat16 here); vLLM samples float32 logits,
+    so the warm-up's tensors name their dtypes, or it compiles kernels no step launches."""
+    seen = []
+
+    def record(logits, k, p):
+        seen.append((logits.dtype, None if k is None else k.dtype, None if p is None else p.dtype))
+
+    with set_default_torch_dtype(torch.bfloat16):
+        warm_up_filter_sets(record, 6, SIZE, SIZE - 1, torch.device("cpu"))
+    f32, i32 = torch.float32, torch.int32
+    assert seen == [(f32, None, f32), (f32, i32, None), (f32, i32, f32)]
 
 
 @pytest.mark.skipif(

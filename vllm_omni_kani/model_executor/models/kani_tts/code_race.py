@@ -62,13 +62,21 @@ def warm_up(heads: int, width: int, dtype: torch.dtype, device: torch.device) ->
     switch is taken and the kernel compiles (CUDA): a compile in a step stalls every stream."""
     if not (_taken and device.type == "cuda" and fused_kernel_available(device)):
         return
+    for arguments in warm_up_arguments(heads, width, dtype, device):
+        sample_packed(*arguments)
+
+
+def warm_up_arguments(heads: int, width: int, dtype: torch.dtype, device: torch.device) -> list[tuple]:
+    """``sample_packed``'s arguments for each specialisation a step can bring: greedy, then each filter set. The dtypes
+    are a served step's (vLLM's float32 temperature and top-p, int32 top-k, the race's float32 noise), named because a
+    model loads under vLLM's default dtype (the model's, e.g. bfloat16), whose tensors would compile other kernels."""
     logits = torch.zeros(1, heads, width, dtype=dtype, device=device)
-    temperature, top_p = torch.ones(1, device=device), torch.ones(1, device=device)
+    temperature = torch.ones(1, dtype=torch.float32, device=device)
+    top_p = torch.ones(1, dtype=torch.float32, device=device)
     top_k = torch.full((1,), width, dtype=torch.int32, device=device)
-    noise = torch.ones(1, heads * width, device=device)
-    sample_packed(logits, None, None, None, None)
-    for k, p in ((None, None), (top_k, None), (None, top_p), (top_k, top_p)):
-        sample_packed(logits, temperature, k, p, noise)
+    noise = torch.ones(1, heads * width, dtype=torch.float32, device=device)
+    filters = ((None, None), (top_k, None), (None, top_p), (top_k, top_p))
+    return [(logits, None, None, None, None)] + [(logits, temperature, k, p, noise) for k, p in filters]
 
 
 def sample_packed(

@@ -113,8 +113,10 @@ def warm_up_kernels(heads: int, size: int, device: torch.device, dtype: torch.dt
     for requests in WARM_UP_REQUESTS:
         warm_up_filter_sets(apply_top_k_top_p, requests * heads, size, size - 1, device)
     if fused_kernel_available(device):
+        # float32 named: the model loads under vLLM's default dtype, and the kernel takes float32 noise only
         write_seeded_rows(
-            torch.empty(1, heads * size, device=device), {0: torch.Generator(device=device).manual_seed(0)}
+            torch.empty(1, heads * size, dtype=torch.float32, device=device),
+            {0: torch.Generator(device=device).manual_seed(0)},
         )
 
 
@@ -126,8 +128,9 @@ def warm_up_filter_sets(
     device: torch.device,
 ) -> None:
     """Run the top-k/top-p function ``apply`` on ``[rows, width]`` zero logits with top-k alone, top-p alone and both:
-    each filter set is its own specialisation of vLLM's Triton kernel."""
+    each filter set is its own specialisation of vLLM's Triton kernel. The dtypes are a served step's (vLLM samples
+    float32 logits), named because a model loads under vLLM's default dtype, the model's."""
     k = torch.full((rows,), top_k, dtype=torch.int32, device=device)
-    p = torch.full((rows,), WARM_UP_TOP_P, device=device)
+    p = torch.full((rows,), WARM_UP_TOP_P, dtype=torch.float32, device=device)
     for top_k_rows, top_p_rows in ((None, p), (k, None), (k, p)):
-        apply(torch.zeros(rows, width, device=device), top_k_rows, top_p_rows)
+        apply(torch.zeros(rows, width, dtype=torch.float32, device=device), top_k_rows, top_p_rows)

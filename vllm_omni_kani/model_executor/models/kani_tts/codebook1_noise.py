@@ -92,5 +92,6 @@ def warm_up_kernel(vocab_size: int, device: torch.device) -> None:
     (the JIT monitor caught that compile in a first sampled step, docs/BENCHMARKS.md "Eleventh set")."""
     if device.type != "cuda" or not fused_kernel_available(device):
         return
-    probs = torch.full((1, vocab_size), 1.0 / vocab_size, device=device)
+    # float32 named, as vLLM samples: the model loads under vLLM's default dtype, and bfloat16 noise takes the torch ops
+    probs = torch.full((1, vocab_size), 1.0 / vocab_size, dtype=torch.float32, device=device)
     hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(0)})
