@@ -32,7 +32,7 @@
 #   asyncsched  the shipped YAML with Stage 0's async scheduling on (as shipped since the twenty-seventh set; deferred
 #            output building stays off): served at 64 and 250 frames, and audio == Stage-0 frames
 #   samplertests  Stage 0's CUDA-only tests (open columns with their warm-up, code heads, seeded codebook-1 noise, the
-#            step's codes copied to the host in stream order); .whl carried for pytest
+#            step's codes copied to the host in stream order, the one-kernel sampler); .whl carried for pytest
 #   asyncserved  `served` with vLLM-Omni's deferred output building on as well (output), with Stage 0's async
 #            scheduling on (sched: shipped since the twenty-seventh set) or off (sync: the file before it), ASYNC_SIDES
 #            picks (default output sched), audio vs frames each; send beside `served`
@@ -591,9 +591,10 @@ for phase in "$@"; do
       step bench-top-k 120 python3 benchmarks/bench_top_k.py --rows 64 256 --out "$R"
       ab_patch abtopk top_k_open_columns top-k-open tests/test_open_columns.py tests/test_code_sampler.py ;;
     samplertests)
-      # Stage 0's CUDA-only tests (the CPU CI skips them), the open columns' warm-up included.
-      step sampler-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_open_columns.py \
-        tests/test_code_sampler.py tests/test_codebook1_noise.py tests/test_step_payload.py
+      # Stage 0's CUDA-only tests (the CPU CI skips them), the load-time warm-ups included (the interpreted test of
+      # the one-kernel sampler is CI's).
+      step sampler-tests 240 python3 -m pytest -q -p no:cacheprovider -k "not interpreter" tests/test_open_columns.py \
+        tests/test_code_sampler.py tests/test_codebook1_noise.py tests/test_step_payload.py tests/test_code_race.py
       pack samplertests ;;
     lazy)
       checkpoints
