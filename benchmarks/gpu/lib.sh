@@ -161,11 +161,11 @@ sampled_steps() {
     --batches 64,256 --sampled
 }
 
-# with_default_patches NAME: the default Stage-0 sampler patches (envs.DEFAULT_SAMPLER_PATCHES) and NAME, as
-# KANI_STAGE0_SAMPLER_PATCHES takes them: a switch taken only where named, on top of the defaults.
+# with_default_patches NAME: the default Stage-0 sampler patches (envs.DEFAULT_SAMPLER_PATCHES) and NAME (once), as
+# KANI_STAGE0_SAMPLER_PATCHES takes them: a switch off by default, on top of the defaults.
 with_default_patches() {
   python3 -c "import sys; from vllm_omni_kani.envs import DEFAULT_SAMPLER_PATCHES as d
-print(','.join((*d, sys.argv[1])))" "$1"
+print(','.join(dict.fromkeys((*d, sys.argv[1]))))" "$1"
 }
 
 # ab_steps LABEL PATCHES [STEP_TIME_OPTION...]: the sampled Stage-0 step held at each of AB_BATCHES (64,256) in turn
