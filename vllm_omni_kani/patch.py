@@ -870,8 +870,8 @@ def filter_top_k_in_open_columns() -> bool | None:
 
 def sample_code_heads_in_one_kernel() -> bool:
     """Stage 0's codebooks 2-4 sampled and packed by one Triton kernel (``code_race``) instead of vLLM's top-k/top-p
-    and torch ops. Not a change to vLLM: the Kani model reads the switch. Taken only where
-    ``KANI_STAGE0_SAMPLER_PATCHES`` names it.
+    and torch ops, in steps of up to ``code_race.MAX_ROWS`` requests. Not a change to vLLM: the Kani model reads the
+    switch.
 
     Returns True."""
     from vllm_omni_kani.model_executor.models.kani_tts import code_race
