@@ -23,7 +23,8 @@
 #           (a fresh machine took 323 s to start it: DP_LIMIT_S, default 540)
 #   dp4     dp with two Stage-0 engines on each GPU, as kani_tts.yaml runs them on one (kani_tts_dp.yaml with Stage 0's
 #           num_replicas 4 on devices 0,1,0,1, written as stage_configs/kani_tts_dp4.yaml): the same requests, audio vs
-#           frames; send after onegpu for the one-GPU reference of the same instance
+#           frames; send after onegpu for the one-GPU reference of the same instance (DP4_SWEEP: another sweep, e.g.
+#           250:64,256,512 adds each GPU's 256 streams)
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
 #   onegpu  the shipped YAML on each GPU at once, 250-frame requests at 64 and 256 streams: the one-GPU reference of
 #           a dp call on the same instance, twice; audio vs frames for both
@@ -150,7 +151,7 @@ for phase in "$@"; do
       # meets Stage-0 replica n mod 4 and codec replica n mod 2, both on GPU n mod 2.
       python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml stage_configs/kani_tts_dp4.yaml \
         stages.0.num_replicas=4 stages.0.devices=0,1,0,1 > /dev/null
-      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" 250:64,256
+      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" "${DP4_SWEEP:-250:64,256}"
       cleanup
       frames_check dp4
       step_rates
