@@ -39,7 +39,8 @@
 #   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
 #            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py);
 #            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes,
-#            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_one_lm.yaml: one Stage-0 engine)
+#            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_one_lm.yaml: one Stage-0 engine); PROFILE_LIMIT_S
+#            the step's limit (default 420; a fresh machine starting several engines needs more)
 #   stepprofile  py-spy of the Stage-0 step at batch 256 held steady, stock vs ours (spy_step); the host cost of
 #           the code heads' seeded noise and of vLLM's penalty tokens (benchmarks/sampling_host.py)
 #   sampledprofile  py-spy of the Stage-0 step at batch 256 with the serving default sampling (seeded), ours then
@@ -347,7 +348,7 @@ for phase in "$@"; do
       yaml=${PROFILE_YAML:-stage_configs/kani_tts.yaml}
       # shellcheck disable=SC2086
       [ -z "${PROFILE_CHANGES:-}" ] || { variant kani_tts_profile $PROFILE_CHANGES; yaml=stage_configs/kani_tts_profile.yaml; }
-      step profile 420 python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+      step profile "${PROFILE_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
         --deploy-config "$yaml" --out "$R/profile-${PROFILE_STREAMS:-256}" --frames 250 \
         --streams "${PROFILE_STREAMS:-256}"
       cleanup
