@@ -522,8 +522,9 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
     )
 
     from vllm_omni_kani.core.sched.request_ids import external_ids
+    from vllm_omni_kani.distributed.omni_connectors.shm_listing import SHM_DIR
 
-    shm_dir, job = "/dev/shm", "kani_unlink_aborted"
+    shm_dir, job = SHM_DIR, "kani_unlink_aborted"
     finish, send = OmniChunkTransferAdapter.finish_requests, OmniChunkTransferAdapter._send_single_request
 
     @functools.wraps(finish)
@@ -562,6 +563,54 @@ def unlink_shm_chunks_of_aborted_requests() -> bool | None:
 
     OmniChunkTransferAdapter.finish_requests = finish_requests
     OmniChunkTransferAdapter._send_single_request = _send_single_request
+
+
+@_patch(_vllm_omni_0_26)
+def poll_shm_chunks_from_one_listing() -> bool | None:
+    """vllm-omni 0.26.0 (guard: 0.26.x, and POSIX shared memory under /dev/shm): a receiving stage polls its pending
+    requests' next chunks against one listing of /dev/shm instead of a ``shm_open`` per request.
+
+    ``OmniChunkTransferAdapter._poll_single_request``
+    (``vllm_omni/distributed/omni_connectors/transfer_adapter/chunk_transfer_adapter.py``) asks the connector for the
+    chunk ``<external request id>_<previous stage>_<chunk index>`` of every pending request on every pass of its
+    receive thread; with ``SharedMemoryConnector`` a chunk not written yet costs a failed ``SharedMemory(name=key)``
+    and an exception. Here a poll whose key the pass's listing (``ShmListing``) does not name returns "not yet" at
+    once; the rest go to vLLM-Omni's poll unchanged. Only this poll takes the listing: a miss there is retried on the
+    next pass, where a one-shot ``connector.get`` elsewhere would fail. Applied by ``register()`` in every process; it
+    acts in a receiving stage's engine core. Not applied where shared-memory names do not appear in /dev/shm.
+
+    Returns whether the patch is active.
+    """
+    import os
+    from multiprocessing import shared_memory
+
+    from vllm_omni.distributed.omni_connectors.connectors.shm_connector import SharedMemoryConnector
+    from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
+        OmniChunkTransferAdapter,
+    )
+
+    from vllm_omni_kani.distributed.omni_connectors.shm_listing import SHM_DIR, ShmListing
+
+    probe = shared_memory.SharedMemory(create=True, size=1)
+    try:
+        if not os.path.isdir(SHM_DIR) or probe.name.lstrip("/") not in os.listdir(SHM_DIR):
+            logger.info("shared-memory segments are not listed in %s: chunk polls open each segment", SHM_DIR)
+            return False
+    finally:
+        probe.close()
+        probe.unlink()
+    poll, listing = OmniChunkTransferAdapter._poll_single_request, ShmListing()
+
+    @functools.wraps(poll)
+    def _poll_single_request(self: Any, request: Any) -> Any:
+        if isinstance(self.connector, SharedMemoryConnector):
+            req_id = request.request_id
+            external_id = self.request_ids_mapping.get(req_id, req_id)
+            if f"{external_id}_{self.connector.stage_id - 1}_{self.get_req_chunk[req_id]}" not in listing:
+                return False
+        return poll(self, request)
+
+    OmniChunkTransferAdapter._poll_single_request = _poll_single_request
 
 
 @_patch(_vllm_omni_0_26)
@@ -912,6 +961,7 @@ def apply_all() -> list[str]:
             encode_pcm_with_numpy,
             log_request_summaries_off_the_event_loop,
             unlink_shm_chunks_of_aborted_requests,
+            poll_shm_chunks_from_one_listing,
             hand_stage0_codes_as_step_rows,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,
