@@ -24,7 +24,9 @@
 #   dp4     dp with two Stage-0 engines on each GPU, as kani_tts.yaml runs them on one (kani_tts_dp.yaml with Stage 0's
 #           num_replicas 4 on devices 0,1,0,1, written as stage_configs/kani_tts_dp4.yaml): the same requests, audio vs
 #           frames; send after onegpu for the one-GPU reference of the same instance (DP4_SWEEP: another sweep, e.g.
-#           250:64,256,512 adds each GPU's 256 streams)
+#           250:64,256,512 adds each GPU's 256 streams; DP_SWEEP the same for dp)
+#   WAVES=N  onegpu, dp and dp4 send N requests per stream at each level instead of bench's 2: a steadier figure
+#           (two waves of 512 streams are ~14 s, the first wave's admission and the last one's tail a large share)
 #   replicas  codecreplicas, then dp (one call of up to 10 minutes)
 #   onegpu  the shipped YAML on each GPU at once, 250-frame requests at 64 and 256 streams: the one-GPU reference of
 #           a dp call on the same instance, twice; audio vs frames for both
@@ -113,8 +115,8 @@ for phase in "$@"; do
       pack coalesce ;;
     onegpu)
       checkpoints
-      serve_sweeps 0 shipped-gpu0 "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
-      serve_sweeps 1 shipped-gpu1 "$CK/par" stage_configs/kani_tts.yaml 450 250:64,256 &
+      serve_sweeps 0 shipped-gpu0 "$CK/par" stage_configs/kani_tts.yaml 450 ${WAVES:+--waves $WAVES} 250:64,256 &
+      serve_sweeps 1 shipped-gpu1 "$CK/par" stage_configs/kani_tts.yaml 450 ${WAVES:+--waves $WAVES} 250:64,256 &
       wait; cleanup
       frames_check shipped-gpu0
       frames_check shipped-gpu1
@@ -139,7 +141,8 @@ for phase in "$@"; do
         frames_check codec-replicas
       fi
       if [ "$phase" != codecreplicas ]; then
-        serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml "${DP_LIMIT_S:-540}" 250:64,256
+        serve_sweeps 0,1 dp "$CK/par" stage_configs/kani_tts_dp.yaml "${DP_LIMIT_S:-540}" ${WAVES:+--waves $WAVES} \
+          "${DP_SWEEP:-250:64,256}"
         cleanup
         frames_check dp
       fi
@@ -151,7 +154,8 @@ for phase in "$@"; do
       # meets Stage-0 replica n mod 4 and codec replica n mod 2, both on GPU n mod 2.
       python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml stage_configs/kani_tts_dp4.yaml \
         stages.0.num_replicas=4 stages.0.devices=0,1,0,1 > /dev/null
-      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" "${DP4_SWEEP:-250:64,256}"
+      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" ${WAVES:+--waves $WAVES} \
+        "${DP4_SWEEP:-250:64,256}"
       cleanup
       frames_check dp4
       step_rates
