@@ -577,12 +577,11 @@ def poll_shm_chunks_from_one_listing() -> bool | None:
     and an exception. Here a poll whose key the pass's listing (``ShmListing``) does not name returns "not yet" at
     once; the rest go to vLLM-Omni's poll unchanged. Only this poll takes the listing: a miss there is retried on the
     next pass, where a one-shot ``connector.get`` elsewhere would fail. Applied by ``register()`` in every process; it
-    acts in a receiving stage's engine core. Not applied where shared-memory names do not appear in /dev/shm.
+    acts in a receiving stage's engine core. Linux only (elsewhere POSIX segments are not files in /dev/shm).
 
     Returns whether the patch is active.
     """
     import os
-    from multiprocessing import shared_memory
 
     from vllm_omni.distributed.omni_connectors.connectors.shm_connector import SharedMemoryConnector
     from vllm_omni.distributed.omni_connectors.transfer_adapter.chunk_transfer_adapter import (
@@ -591,14 +590,8 @@ def poll_shm_chunks_from_one_listing() -> bool | None:
 
     from vllm_omni_kani.distributed.omni_connectors.shm_listing import SHM_DIR, ShmListing
 
-    probe = shared_memory.SharedMemory(create=True, size=1)
-    try:
-        if not os.path.isdir(SHM_DIR) or probe.name.lstrip("/") not in os.listdir(SHM_DIR):
-            logger.info("shared-memory segments are not listed in %s: chunk polls open each segment", SHM_DIR)
-            return False
-    finally:
-        probe.close()
-        probe.unlink()
+    if not sys.platform.startswith("linux") or not os.path.isdir(SHM_DIR):
+        return False  # POSIX segments are files in /dev/shm on Linux only
     poll, listing = OmniChunkTransferAdapter._poll_single_request, ShmListing()
 
     @functools.wraps(poll)
