@@ -8,8 +8,10 @@ quarters of it on misses (docs/BENCHMARKS.md, thirty-ninth set). One ``os.listdi
 misses for the price of a few of them, so a poll asks the listing first and reads only chunks it names
 (``patch.poll_shm_chunks_from_one_listing``; only polls take it, since a poll that misses is simply retried).
 
-A listing is reused while it is younger than ``MAX_AGE_S``: a chunk written after it is found by the first poll after
-the next listing, so it waits at most that much longer than with a ``shm_open`` per poll.
+A name the listing holds is answered from it (a stale one only costs the read that finds it gone). A name it lacks is
+listed again once the listing is older than ``MAX_AGE_S``, or than ``1 / LISTING_TIME_SHARE`` times the last listing's
+own duration where /dev/shm is large, so listing takes at most that share of the thread's time; a chunk written
+after a listing waits at most that age longer than with a ``shm_open`` per poll.
 """
 
 from __future__ import annotations
@@ -20,26 +22,34 @@ import time
 
 SHM_DIR = "/dev/shm"  # where Linux keeps POSIX shared-memory segments (and the connector its lock files)
 MAX_AGE_S = 0.0005  # shorter than the receive loop's 1-ms back-off, so every pass after one lists afresh
+LISTING_TIME_SHARE = 0.25  # a listing waits at least 4x its own duration before the next one
 
 
 class ShmListing:
-    """The names in ``directory``, listed at most once per ``max_age_s`` (thread-safe: a listing is replaced whole)."""
+    """The names in ``directory``, listed again only for a name the listing lacks and once it is old enough
+    (thread-safe: a listing is replaced whole)."""
 
     def __init__(self, directory: str = SHM_DIR, max_age_s: float = MAX_AGE_S) -> None:
         self.directory, self.max_age_s = directory, max_age_s
-        self._listed_at, self._names = float("-inf"), frozenset[str]()
+        self._names, self._fresh_until = frozenset[str](), float("-inf")
         self._lock = threading.Lock()
         self.listings = 0
 
-    def names(self) -> frozenset[str]:
-        """The directory's names, listed now unless the last listing is younger than ``max_age_s``."""
-        if time.monotonic() - self._listed_at >= self.max_age_s:
-            with self._lock:
-                now = time.monotonic()
-                if now - self._listed_at >= self.max_age_s:
-                    self._names, self._listed_at = frozenset(os.listdir(self.directory)), now
-                    self.listings += 1
-        return self._names
+    def _relist(self) -> None:
+        with self._lock:
+            started = time.monotonic()
+            if started < self._fresh_until:
+                return  # another thread listed meanwhile
+            names = frozenset(os.listdir(self.directory))
+            took = time.monotonic() - started
+            self._names = names
+            self._fresh_until = started + max(self.max_age_s, took / LISTING_TIME_SHARE)
+            self.listings += 1
 
     def __contains__(self, name: str) -> bool:
-        return name in self.names()
+        if name in self._names:
+            return True
+        if time.monotonic() < self._fresh_until:
+            return False
+        self._relist()
+        return name in self._names
