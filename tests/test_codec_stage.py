@@ -10,6 +10,7 @@ import json
 import logging
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -259,3 +260,43 @@ def test_a_kernel_trace_window_records_the_codec_step(stage, tmp_path):
     (path,) = tmp_path.glob("stage1-*.json")
     names = {event["name"] for event in json.loads(path.read_text())["traceEvents"] if event.get("cat") == "cpu_op"}
     assert any("conv" in name for name in names), sorted(names)[:40]
+
+
+def test_pcm16_audio_is_the_float_audio_as_libsndfile_writes_it(ckpt, stage):
+    """``codec_pcm16_audio``: the same windows give int16 samples, each the 16-bit PCM of the float stage's sample
+    (within one step: two stages, two float computations), empty requests empty int16."""
+    from vllm.config import VllmConfig
+
+    from vllm_omni_kani.entrypoints.openai.pcm16 import pcm16
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import KaniNanoCodecForGeneration
+
+    base = vllm_config_for(ckpt)
+    config = VllmConfig(
+        model_config=base.model_config, device_config=base.device_config, additional_config={"codec_pcm16_audio": True}
+    )
+    pcm_stage = KaniNanoCodecForGeneration(vllm_config=config)
+    pcm_stage.load_weights(iter([]))  # the same checkpoint's codec
+    assert pcm_stage.pcm16_audio and not stage.pcm16_audio
+    infos = [payload(codes(12, 7), 0), {}, payload(codes(40, 8), RECEPTIVE_FIELD_FRAMES, finished=True)]
+    with torch.inference_mode():
+        got = pcm_stage(input_ids=torch.zeros(3, dtype=torch.int64), runtime_additional_information=infos)
+    want = run(stage, infos)["model_outputs"]
+    got = got.multimodal_outputs["model_outputs"]
+    assert [w.dtype for w in got] == [torch.int16] * 3
+    assert [w.numel() for w in got] == [12 * SPF, 0, 12 * SPF]
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g.numpy().astype(np.int32) - pcm16(w.numpy())).max(initial=0) <= 1
+
+
+def test_pcm16_audio_reaches_the_host_converted_in_one_pass():
+    from vllm_omni_kani.entrypoints.openai.pcm16 import pcm16
+    from vllm_omni_kani.model_executor.models.kani_tts.codec_stage import audio_to_host
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batch = torch.randn(3, 2 * SPF, device=device) * 0.7
+    audio = [batch[0], torch.empty(0, device=device), batch[2, :SPF], batch[1]]
+    for non_blocking in (False, True):
+        host = audio_to_host(audio, non_blocking, pcm16=True)
+        assert [(w.device.type, w.dtype) for w in host] == [("cpu", torch.int16)] * 4
+        for got, want in zip(host, audio, strict=True):
+            assert got.numpy().tolist() == pcm16(want.cpu().numpy()).tolist()

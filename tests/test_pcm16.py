@@ -66,3 +66,49 @@ def test_a_patch_listed_in_kani_disable_patches_is_left_unapplied():
     )
     env = {"KANI_DISABLE_PATCHES": "some_other_patch, encode_pcm_with_numpy"}
     assert "left alone" in run_python(code, env=env).stdout
+
+
+def test_the_torch_encoding_is_the_numpy_one_and_int16_turns_back_exactly():
+    """``pcm16_tensor`` (the codec stage's, on its device) gives ``pcm16``'s values on the probe's edges, near every
+    step boundary and on random audio, in both float types; ``to_float`` of that PCM encodes to the same PCM again."""
+    import torch
+
+    rng = np.random.default_rng(2)
+    edges = [0.0, -0.0, 1.0, -1.0, 1.5, -1.5, 1e30, -1e30, 2.0**-16, -(2.0**-16), 3.0 * 2.0**-17, np.inf, -np.inf]
+    steps = rng.integers(-32768, 32768, 2000) * 2.0**-15
+    for ftype in pcm16.FLOAT_TYPES:
+        below = np.nextafter(steps.astype(ftype), ftype(-2))
+        noise = rng.uniform(-1.2, 1.2, 20_000).astype(ftype)
+        x = np.concatenate([np.array([*edges, np.nan], ftype), steps.astype(ftype), below, noise])
+        want = pcm16.pcm16(x)
+        got = pcm16.pcm16_tensor(torch.from_numpy(x))
+        assert got.dtype == torch.int16 and np.array_equal(got.numpy(), want)
+        again = pcm16.to_float(got)
+        assert again.dtype == torch.float32 and np.array_equal(pcm16.pcm16(again.numpy()), want)
+    floats = torch.tensor([0.25, -0.5], dtype=torch.float64)
+    assert pcm16.to_float(floats).dtype == torch.float32
+
+
+def test_int16_audio_is_answered_as_its_own_bytes():
+    """The server's encoder takes int16 audio (a ``codec_pcm16_audio`` codec's) as PCM: its bytes for pcm and wav,
+    the same answer as soundfile writes for that int16 and as the float samples it came from."""
+    code = (
+        "import numpy as np\n"
+        "import vllm_omni.entrypoints.openai.serving_speech\n"
+        "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
+        "from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio\n"
+        "from vllm_omni_kani import patch\n"
+        "from vllm_omni_kani.entrypoints.openai.pcm16 import pcm16\n"
+        "x = np.random.default_rng(0).uniform(-1.1, 1.1, 4410).astype(np.float32)\n"
+        "pcm = pcm16(x)\n"
+        "def answer(audio, fmt):\n"
+        "    return AudioMixin().create_audio(CreateAudio(audio_tensor=audio, sample_rate=22050,\n"
+        "        response_format=fmt, speed=1.0, base64_encode=False)).audio_data\n"
+        "own = {f: answer(pcm, f) for f in ('pcm', 'wav')}\n"
+        "assert patch.encode_pcm_with_numpy()\n"
+        "for f in ('pcm', 'wav'):\n"
+        "    assert answer(pcm, f) == own[f] == answer(x, f), f\n"
+        "assert answer(pcm, 'pcm') == pcm.tobytes()\n"
+        "print('int16 answered')\n"
+    )
+    assert "int16 answered" in run_python(code).stdout

@@ -778,8 +778,9 @@ def encode_pcm_with_numpy() -> bool | None:
 
     At 256 streams that encoding was 22% of the API server's main thread (docs/BENCHMARKS.md, eighth set): each
     streamed chunk pays libsndfile's setup on a ``BytesIO``. ``pcm16`` computes the same bytes with numpy in a sixth
-    of the time. Only float mono or ``[T, C]`` audio at speed 1.0 as ``pcm`` or ``wav`` takes the numpy path;
-    everything else (other formats, speed changes, integer arrays) goes to vLLM-Omni's own method. Not applied, and
+    of the time, and int16 audio (a codec stage's ``codec_pcm16_audio``) is those bytes already. Only float or int16
+    mono or ``[T, C]`` audio at speed 1.0 as ``pcm`` or ``wav`` takes the numpy path; everything else (other formats,
+    speed changes, other integer arrays) goes to vLLM-Omni's own method. Not applied, and
     logged, if the installed libsndfile writes other bytes than ``pcm16`` on its probe.
     """
     import base64
@@ -802,7 +803,7 @@ def encode_pcm_with_numpy() -> bool | None:
             fmt not in ("pcm", "wav")
             or audio_obj.speed != 1.0
             or not isinstance(audio, np.ndarray)
-            or audio.dtype.type not in pcm16.FLOAT_TYPES
+            or audio.dtype.type not in (*pcm16.FLOAT_TYPES, np.int16)
             or not (audio.ndim == 1 or (audio.ndim == 2 and audio.shape[0] != 2))  # [2, T] is transposed upstream
         ):
             return create_audio(self, audio_obj)

@@ -14,7 +14,10 @@ Each request's time to first audio, real-time factor and audio seconds go to the
 
 The consumers downstream (non-streaming encoder, raw and SSE streaming) are vLLM-Omni's and
 are unchanged; outputs are shaped for them: streaming outputs carry only new samples, and the
-final non-streaming output carries the whole waveform.
+final non-streaming output carries the whole waveform. A codec that hands its audio over as 16-bit
+PCM (``codec_pcm16_audio``) has it streamed at its own rate as an int16 array, which vLLM-Omni's
+stream passes to the encoder as it is (``encode_pcm_with_numpy`` copies its bytes); everywhere else
+(resampling, the whole answer) it becomes float samples again, exactly.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from vllm_omni_kani.entrypoints import output_handoff
 from vllm_omni_kani.entrypoints.openai import warmup
 from vllm_omni_kani.entrypoints.openai.early_start import EarlyStart
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
+from vllm_omni_kani.entrypoints.openai.pcm16 import to_float
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
 from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS
@@ -46,11 +50,19 @@ def _audio_of(server: Any, res: Any) -> tuple[Any, str | None]:
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
-    """An output's audio as one 1-D float tensor (a list of chunks is concatenated)."""
+    """An output's audio as one 1-D CPU tensor (a list of chunks is concatenated): int16 where the codec handed over
+    16-bit PCM, float32 otherwise."""
     if isinstance(value, list):
-        parts = [v.reshape(-1).float().cpu() for v in value if hasattr(v, "numel") and v.numel() > 0]
+        parts = [_samples(v) for v in value if hasattr(v, "numel") and v.numel() > 0]
+        if len({p.dtype for p in parts}) > 1:
+            parts = [to_float(p) for p in parts]
         return torch.cat(parts) if parts else torch.zeros(0)
-    return value.reshape(-1).float().cpu() if hasattr(value, "reshape") else torch.zeros(0)
+    return _samples(value) if hasattr(value, "reshape") else torch.zeros(0)
+
+
+def _samples(value: torch.Tensor) -> torch.Tensor:
+    flat = value.reshape(-1).cpu()
+    return flat if flat.dtype == torch.int16 else flat.float()
 
 
 def _set(mapping: Any, key: str, value: Any) -> None:
@@ -150,11 +162,14 @@ async def prepare_kani_speech(
                         entry.stamp("first_audio")
                         output_handoff.release(first_id)
                     if streaming:
-                        _set(payload, key, resampler.push(fresh))
+                        if resampler.passthrough and fresh.dtype == torch.int16:
+                            _set(payload, key, fresh.numpy())  # PCM already: no float round trip
+                        else:
+                            _set(payload, key, resampler.push(to_float(fresh)))
                         _set(payload, "sr", torch.tensor(out_rate))
                         yield res
                     else:
-                        whole.append(fresh)
+                        whole.append(to_float(fresh))
             finally:
                 # A client that goes away closes this generator: close the engine's too, which aborts it.
                 if early is not None and index == 0:

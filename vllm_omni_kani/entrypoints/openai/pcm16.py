@@ -6,6 +6,11 @@ eighth set). The numpy form takes about 30 µs. libsndfile scales a float to 32 
 keeps the top 16 (a floor) and saturates, NaN to the most negative value; the numpy form does the same steps in the
 input's own float type, and ``matches_soundfile`` checks that claim against the installed libsndfile before anything
 relies on it.
+
+``pcm16_tensor`` takes the same steps in torch, where the audio is made: a codec stage that hands its audio over as
+16-bit PCM (``codec_pcm16_audio``) does it on its device, so the API server only copies bytes, and half as many bytes
+cross the stages. The API server takes int16 arrays as that PCM, and ``to_float`` turns them back into samples
+exactly (k / 32768 is k again in 16 bits) where it needs float: resampling, other formats.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import io
 import struct
 
 import numpy as np
+import torch
 
 PCM16_MIN, PCM16_MAX = -32768, 32767
 FLOAT_TYPES = (np.float32, np.float64)
+PCM16_SCALE = 32768.0  # one 16-bit step is 1 / 32768 of full scale
 _WAV_HEADER_BYTES = 44  # RIFF + fmt (16-byte PCM format chunk) + data chunk header
 
 
@@ -33,8 +40,26 @@ def pcm16(samples: np.ndarray) -> np.ndarray:
     return scaled.astype("<i2")
 
 
+def pcm16_tensor(samples: torch.Tensor) -> torch.Tensor:
+    """``pcm16`` in torch, on the samples' device: float32/float64 → int16 of the same shape, the same values."""
+    scaled = torch.round(samples * (2.0**31))  # round half to even, as np.rint
+    scaled.mul_(2.0**-16).floor_()
+    scaled.nan_to_num_(nan=PCM16_MIN)  # NaN → -32768, as libsndfile; then saturate
+    return scaled.clamp_(PCM16_MIN, PCM16_MAX).to(torch.int16)
+
+
+def to_float(samples: torch.Tensor) -> torch.Tensor:
+    """Float32 samples of a waveform that may be 16-bit PCM (int16, as ``pcm16_tensor`` makes it); float as is."""
+    if samples.dtype == torch.int16:
+        return samples.float().div_(PCM16_SCALE)
+    return samples.float()
+
+
 def pcm16_bytes(samples: np.ndarray) -> bytes:
-    """Raw 16-bit PCM of ``samples`` (``[T]`` mono or ``[T, C]`` interleaved), as ``soundfile`` RAW PCM_16."""
+    """Raw 16-bit PCM of ``samples`` (``[T]`` mono or ``[T, C]`` interleaved), as ``soundfile`` RAW PCM_16; int16
+    samples are that PCM already."""
+    if samples.dtype == np.int16:
+        return samples.astype("<i2", copy=False).tobytes()
     return pcm16(samples).tobytes()
 
 

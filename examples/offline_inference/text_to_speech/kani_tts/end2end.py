@@ -84,11 +84,13 @@ def main() -> None:
 
 
 def _audio(output) -> np.ndarray:
+    """An output's float32 samples; a codec that hands over 16-bit PCM (``codec_pcm16_audio``) gives int16."""
+    from vllm_omni_kani.entrypoints.openai.pcm16 import to_float
+
     audio = output.multimodal_output["audio"]
-    if isinstance(audio, list):
-        audio = np.concatenate([a.reshape(-1).float().cpu().numpy() for a in audio]) if audio else np.zeros(0)
-        return audio.astype(np.float32)
-    return audio.reshape(-1).float().cpu().numpy()
+    parts = audio if isinstance(audio, list) else [audio]
+    samples = [to_float(a.reshape(-1).cpu()).numpy() for a in parts]
+    return np.concatenate(samples) if samples else np.zeros(0, np.float32)
 
 
 if __name__ == "__main__":

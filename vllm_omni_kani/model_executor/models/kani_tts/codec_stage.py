@@ -2,7 +2,9 @@
 
 Every scheduled request brings a window ``[left context | new frames]`` of ``[F, 4]`` codes (codebook
 order cb1..cb4, values 0..4031) and gets back the audio of its new frames, ``(F - left)·1,764`` float32
-samples. Two ways to decode it:
+samples, or with ``additional_config`` ``codec_pcm16_audio: true`` the same samples as 16-bit PCM (int16, the values
+libsndfile writes; converted on the codec's device, so the API server streams bytes as they come and half as many
+bytes cross the stages). Two ways to decode it:
 
 - **Stateful streams** (connector extra ``codec_stateful_decode: true``, chunks numbered by
   ``meta.chunk_seq``): each request keeps the causal state of every decoder layer in a slot of a
@@ -41,6 +43,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
+from vllm_omni_kani.entrypoints.openai.pcm16 import pcm16_tensor
 from vllm_omni_kani.envs import codec_async_copy, trace_chunks
 from vllm_omni_kani.model_executor.models.kani_tts.codec_streams import CodecStreams, StreamChunk
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import CONFIG_KEY, additional_config
@@ -119,8 +122,9 @@ def stream_position(info: Any) -> tuple[int | None, bool]:
     return (None if seq is None else int(seq)), bool(_first(meta.get("stream_finished", False)))
 
 
-def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False) -> list[torch.Tensor]:
-    """Each request's audio on the CPU, through one device-to-host copy for the whole step.
+def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False, pcm16: bool = False) -> list[torch.Tensor]:
+    """Each request's audio on the CPU, through one device-to-host copy for the whole step; with ``pcm16``, as 16-bit
+    PCM converted in one pass over the step's samples before the copy.
 
     vLLM-Omni's generation runner copies every request's output to the CPU itself, one blocking copy per request
     (256 a step at 256 streams, each a device sync and a GIL round trip); for a CPU tensor that copy is a no-op.
@@ -129,13 +133,16 @@ def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False) -> list
     stream and ``get_output()`` syncs on that, so the samples are whole before the engine reads them, while the step
     loop schedules and launches the next step in the meantime (``copies_audio_without_waiting``).
     """
-    on_device = [i for i, wav in enumerate(audio) if wav.device.type != "cpu"]
-    if not on_device:
+    moved = [i for i, wav in enumerate(audio) if wav.device.type != "cpu" or (pcm16 and wav.dtype != torch.int16)]
+    if not moved:
         return audio
-    flat = torch.cat([audio[i].reshape(-1).float() for i in on_device])
-    flat = to_host_in_stream_order(flat) if non_blocking else flat.cpu()
+    flat = torch.cat([audio[i].reshape(-1).float() for i in moved])
+    if pcm16:
+        flat = pcm16_tensor(flat)
+    if flat.device.type != "cpu":
+        flat = to_host_in_stream_order(flat) if non_blocking else flat.cpu()
     out = list(audio)
-    for i, part in zip(on_device, flat.split([audio[i].numel() for i in on_device]), strict=True):
+    for i, part in zip(moved, flat.split([audio[i].numel() for i in moved]), strict=True):
         out[i] = part.view(audio[i].shape)
     return out
 
@@ -188,6 +195,9 @@ class KaniNanoCodecForGeneration(nn.Module):
         )
         if self.async_audio_copy:
             logger.info("Kani codec stage: audio copied to the host without waiting (async scheduling)")
+        self.pcm16_audio = bool(additional_config(vllm_config).get("codec_pcm16_audio", False))
+        if self.pcm16_audio:
+            logger.info("Kani codec stage: audio handed over as 16-bit PCM (codec_pcm16_audio)")
 
     def _make_streams(self) -> CodecStreams:
         config = additional_config(self.vllm_config)
@@ -364,7 +374,8 @@ class KaniNanoCodecForGeneration(nn.Module):
         runtime_additional_information: list[dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> OmniOutput:
-        """Decode every scheduled request's window; one 1-D float32 waveform per request, batch order."""
+        """Decode every scheduled request's window; one 1-D waveform per request (float32, or int16 with
+        ``codec_pcm16_audio``), batch order."""
         self.kernel_trace.tick()
         infos = runtime_additional_information or []
         counts = kwargs.get("seq_token_counts")
@@ -413,5 +424,8 @@ class KaniNanoCodecForGeneration(nn.Module):
         sr = torch.tensor(self.sample_rate)
         return OmniOutput(
             text_hidden_states=None,
-            multimodal_outputs={"model_outputs": audio_to_host(audio, self.async_audio_copy), "sr": [sr] * num_reqs},
+            multimodal_outputs={
+                "model_outputs": audio_to_host(audio, self.async_audio_copy, self.pcm16_audio),
+                "sr": [sr] * num_reqs,
+            },
         )

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU suite for a four-GPU machine (nvidia-h200-x4): two two-GPU servers at once on one host, so a change is
+# measured against its absence under the same load, machine and minute.
+#   bash benchmarks/gpu/h200x4.sh PHASE...
+# Stage the bundle first (as for h200.sh / h200x2.sh). Each server is h200x2.sh's dp4 (kani_tts_dp.yaml with Stage 0's
+# num_replicas 4 on devices 0,1,0,1: two Stage-0 engines and a codec on each of its GPUs, one API server); the first
+# side runs on GPUs 0,1 and the second on 2,3, or the other way round with AB_SWAP=1. A fresh machine starts both in
+# about 6 minutes: DP_LIMIT_S (default 560) bounds each side's server and sweeps.
+#   pcm16ab    the codec's audio as 16-bit PCM (codec_pcm16_audio, shipped) against float32 audio encoded in the API
+#              server: DP4_SWEEP (default 250:256,512), WAVES requests per stream (default 4), audio vs frames for both
+#   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
+#              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
+source "$(dirname "$0")/lib.sh"
+
+dp4_variant() {  # dp4_variant NAME KEY=VALUE...: kani_tts_dp.yaml as dp4, with the changes
+  local name=$1; shift
+  python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml "stage_configs/$name.yaml" \
+    stages.0.num_replicas=4 stages.0.devices=0,1,0,1 "$@" > /dev/null
+}
+
+# ab_pair LABEL_A YAML_A ENV_A LABEL_B YAML_B ENV_B: both servers at once (ENV_x: "NAME=VALUE ..." or "-"), then the
+# audio checks and the step meters of both.
+ab_pair() {
+  local gpus_a=0,1 gpus_b=2,3 sweep=${DP4_SWEEP:-250:256,512} limit=${DP_LIMIT_S:-560}
+  [ "${AB_SWAP:-0}" = 1 ] && { gpus_a=2,3; gpus_b=0,1; }
+  echo "$1 on GPUs $gpus_a, $4 on GPUs $gpus_b; $sweep, ${WAVES:-4} requests per stream" | tee "$R/ab-$1-$4.txt"
+  # shellcheck disable=SC2086
+  ( [ "$3" != - ] && export $3; serve_sweeps "$gpus_a" "$1" "$CK/par" "$2" "$limit" --waves "${WAVES:-4}" "$sweep" ) &
+  # shellcheck disable=SC2086
+  ( [ "$6" != - ] && export $6; serve_sweeps "$gpus_b" "$4" "$CK/par" "$5" "$limit" --waves "${WAVES:-4}" "$sweep" ) &
+  wait; cleanup
+  frames_check "$1"
+  frames_check "$4"
+  step_rates
+}
+
+for phase in "$@"; do
+  case $phase in
+    pcm16ab)
+      device_info
+      checkpoints
+      dp4_variant kani_tts_dp4
+      # additional_config is replaced whole by an overlay: the shipped block with the one key changed.
+      dp4_variant kani_tts_dp4_float "stages.1.additional_config=$(python3 -c "import json, yaml
+c = yaml.safe_load(open('stage_configs/kani_tts.yaml'))['stages'][1]['additional_config']
+print(json.dumps({**c, 'codec_pcm16_audio': False}))")"
+      ab_pair pcm16 stage_configs/kani_tts_dp4.yaml - float stage_configs/kani_tts_dp4_float.yaml -
+      pack pcm16ab ;;
+    listingab)
+      device_info
+      checkpoints
+      dp4_variant kani_tts_dp4
+      ab_pair listing stage_configs/kani_tts_dp4.yaml - nolisting stage_configs/kani_tts_dp4.yaml \
+        KANI_DISABLE_PATCHES=poll_shm_chunks_from_one_listing
+      pack listingab ;;
+    *) echo "unknown phase $phase (see the list at the top)"; exit 2 ;;
+  esac
+done
