@@ -8,6 +8,8 @@
 # about 6 minutes: DP_LIMIT_S (default 560) bounds each side's server and sweeps.
 #   pcm16ab    the codec's audio as 16-bit PCM (codec_pcm16_audio, shipped) against float32 audio encoded in the API
 #              server: DP4_SWEEP (default 250:256,512), WAVES requests per stream (default 4), audio vs frames for both
+#   scale      dp4 on GPUs 0,1 beside the shipped kani_tts.yaml on GPU 2 and the same with float32 codec audio on GPU 3:
+#              two GPUs against one, and the codec_pcm16_audio A/B on one GPU (ONE_SWEEP, default 250:128,256)
 #   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
@@ -16,6 +18,14 @@ dp4_variant() {  # dp4_variant NAME KEY=VALUE...: kani_tts_dp.yaml as dp4, with 
   local name=$1; shift
   python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml "stage_configs/$name.yaml" \
     stages.0.num_replicas=4 stages.0.devices=0,1,0,1 "$@" > /dev/null
+}
+
+# float_codec_config: Stage 1's shipped additional_config with float32 audio (codec_pcm16_audio false), as JSON; an
+# overlay replaces additional_config whole, so the variant carries the whole block.
+float_codec_config() {
+  python3 -c "import json, yaml
+c = yaml.safe_load(open('stage_configs/kani_tts.yaml'))['stages'][1]['additional_config']
+print(json.dumps({**c, 'codec_pcm16_audio': False}))"
 }
 
 # ab_pair LABEL_A YAML_A ENV_A LABEL_B YAML_B ENV_B: both servers at once (ENV_x: "NAME=VALUE ..." or "-"), then the
@@ -41,11 +51,27 @@ for phase in "$@"; do
       checkpoints
       dp4_variant kani_tts_dp4
       # additional_config is replaced whole by an overlay: the shipped block with the one key changed.
-      dp4_variant kani_tts_dp4_float "stages.1.additional_config=$(python3 -c "import json, yaml
-c = yaml.safe_load(open('stage_configs/kani_tts.yaml'))['stages'][1]['additional_config']
-print(json.dumps({**c, 'codec_pcm16_audio': False}))")"
+      dp4_variant kani_tts_dp4_float "stages.1.additional_config=$(float_codec_config)"
       ab_pair pcm16 stage_configs/kani_tts_dp4.yaml - float stage_configs/kani_tts_dp4_float.yaml -
       pack pcm16ab ;;
+    scale)
+      # Two GPUs against one on the same host and minute: dp4 (shipped, GPUs 0,1) beside kani_tts.yaml on GPU 2 and
+      # kani_tts.yaml with float32 codec audio on GPU 3 (the one-GPU codec_pcm16_audio A/B). A machine that ran a
+      # dp4 phase lends its compile caches to the one-GPU servers.
+      checkpoints
+      dp4_variant kani_tts_dp4
+      variant kani_tts_float "stages.1.additional_config=$(float_codec_config)"
+      for n in 2 3; do [ -e /tmp/vc$n ] || cp -r /tmp/vc2,3 /tmp/vc$n 2> /dev/null; done
+      serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-560}" --waves "${WAVES:-4}" \
+        "${DP4_SWEEP:-250:256,512}" &
+      serve_sweeps 2 onegpu "$CK/par" stage_configs/kani_tts.yaml "${DP_LIMIT_S:-560}" --waves "${WAVES:-4}" \
+        "${ONE_SWEEP:-250:128,256}" &
+      serve_sweeps 3 onegpu-float "$CK/par" stage_configs/kani_tts_float.yaml "${DP_LIMIT_S:-560}" \
+        --waves "${WAVES:-4}" "${ONE_SWEEP:-250:128,256}" &
+      wait; cleanup
+      for side in dp4 onegpu onegpu-float; do frames_check $side; done
+      step_rates
+      pack scale ;;
     listingab)
       device_info
       checkpoints
