@@ -91,3 +91,30 @@ def test_frames_pack_into_one_int_each_and_back():
     assert packed == [tl.pack_frame(row) for row in frames.tolist()]
     np.testing.assert_array_equal(tl.unpack_frames(packed), frames)
     assert tl.unpack_frames([]).shape == (0, tl.NUM_CODEBOOKS)
+
+
+def test_text_ids_are_the_tokenizer_call_s_ids(tmp_path):
+    """The event loop's tokenization (the Rust ``encode`` where there is one) gives ``tokenizer(...)``'s ids for
+    speakers, language tags, punctuation, Unicode, control-token look-alikes, whitespace runs, empty and long text;
+    a tokenizer told to split special tokens goes through ``__call__`` and still agrees with it."""
+    from transformers import AutoTokenizer
+
+    from vllm_omni_kani.tools.tokenizer_factory import write_tokenizer
+
+    write_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer.backend_tokenizer is not None
+    texts = [
+        tl.speaker_text("Hello there, this is a test.", "andrew"),
+        tl.speaker_text("Guten Tag!", None, "de"),
+        "Ünïcödé — 你好, naïve café… «quotes» 123,456.78",
+        "<|startoftext|> <|im_start|> </s> <s> [INST]",
+        "  leading and   inner   whitespace \n\t newline ",
+        "",
+        "word " * 300,
+    ]
+    for text in texts:
+        assert tl.text_ids(tokenizer, text) == list(tokenizer(text, add_special_tokens=True)["input_ids"]), text
+    tokenizer.split_special_tokens = True
+    for text in texts[3:5]:
+        assert tl.text_ids(tokenizer, text) == list(tokenizer(text, add_special_tokens=True)["input_ids"]), text

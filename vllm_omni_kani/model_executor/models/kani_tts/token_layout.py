@@ -74,9 +74,26 @@ def speaker_text(text: str, speaker: str | None, language: str | None = None) ->
     return f"{language.strip()}: {text}" if language else text
 
 
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer(text, add_special_tokens=True)["input_ids"]``, from the Rust tokenizer directly where there is one.
+
+    The API server tokenizes each request on its event loop. transformers' ``__call__`` wraps one text in a batch of
+    one, whose Rust ``encode_batch`` gives up the GIL and waits to take it back from the server's other threads:
+    0.4 ms a request on a two-GPU server at 512 streams (docs/BENCHMARKS.md, thirty-ninth set's profile), 0.13 ms
+    against 0.02 ms for ``encode`` beside a busy thread on a CPU. The ids are the same (``tests/test_token_layout.py``
+    checks them against ``__call__``); a tokenizer without a Rust backend, or one told to split special tokens, goes
+    through ``__call__``.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    splits = getattr(tokenizer, "split_special_tokens", False) or getattr(backend, "encode_special_tokens", False)
+    if backend is not None and not splits:
+        return backend.encode(text, add_special_tokens=True).ids
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
 def text_prompt_ids(tokenizer: Any, text: str, speaker: str | None, language: str | None = None) -> list[int]:
     """Tokenize ``"{speaker}: {text}"`` (BOS included) and wrap it in the Kani prompt."""
-    ids = list(tokenizer(speaker_text(text, speaker, language), add_special_tokens=True)["input_ids"])
+    ids = text_ids(tokenizer, speaker_text(text, speaker, language))
     if not ids or ids[0] != START_OF_TEXT:
         ids = [START_OF_TEXT, *ids]
     return build_prompt(ids)
