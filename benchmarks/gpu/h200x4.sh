@@ -10,6 +10,8 @@
 #              server: DP4_SWEEP (default 250:256,512), WAVES requests per stream (default 4), audio vs frames for both
 #   scale      dp4 on GPUs 0,1 beside the shipped kani_tts.yaml on GPU 2 and the same with float32 codec audio on GPU 3:
 #              two GPUs against one, and the codec_pcm16_audio A/B on one GPU (ONE_SWEEP, default 250:128,256)
+#   onegpu4    four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3, with float32 codec audio on GPU 1, without the
+#              /dev/shm listing on GPU 2; ONE4_SWEEPS (default "64:1,64,256 250:64,256"), ONE4_LIMIT_S (560)
 #   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
@@ -72,6 +74,27 @@ for phase in "$@"; do
       for side in dp4 onegpu onegpu-float; do frames_check $side; done
       step_rates
       pack scale ;;
+    onegpu4)
+      # Four one-GPU servers at once, one a GPU: the shipped kani_tts.yaml twice (GPUs 0 and 3: the spread between
+      # two identical servers), with float32 codec audio (GPU 1) and with vLLM-Omni's connector polls instead of the
+      # /dev/shm listing (GPU 2); 64-frame and 250-frame requests (ONE4_SWEEPS), audio vs frames for all four.
+      device_info
+      checkpoints
+      variant kani_tts_float "stages.1.additional_config=$(float_codec_config)"
+      # shellcheck disable=SC2086
+      sweeps=${ONE4_SWEEPS:-64:1,64,256 250:64,256}
+      for side in "0 shipped - kani_tts" "1 float - kani_tts_float" \
+          "2 nolisting KANI_DISABLE_PATCHES=poll_shm_chunks_from_one_listing kani_tts" "3 shipped-b - kani_tts"; do
+        # shellcheck disable=SC2086
+        set -- $side
+        # shellcheck disable=SC2086
+        ( [ "$3" != - ] && export $3; serve_sweeps "$1" "$2" "$CK/par" "stage_configs/$4.yaml" "${ONE4_LIMIT_S:-560}" \
+            --waves "${WAVES:-4}" $sweeps ) &
+      done
+      wait; cleanup
+      for side in shipped float nolisting shipped-b; do frames_check $side; done
+      step_rates
+      pack onegpu4 ;;
     listingab)
       device_info
       checkpoints
