@@ -9,6 +9,15 @@ import numpy as np
 from tests.conftest import run_python
 from vllm_omni_kani.entrypoints.openai import pcm16
 
+# A process that loaded the speech server (the patch's guard), with the encoder's request type.
+SERVER_IMPORTS = (
+    "import numpy as np\n"
+    "import vllm_omni.entrypoints.openai.serving_speech\n"
+    "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
+    "from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio\n"
+    "from vllm_omni_kani import patch\n"
+)
+
 
 def test_the_numpy_encoding_writes_libsndfile_s_bytes():
     assert pcm16.matches_soundfile(seed=0)
@@ -24,12 +33,7 @@ def test_the_server_s_create_audio_answers_as_vllm_omni_s_own():
     """In a process that loaded the speech server (the patch's guard), before and after the patch: pcm and wav,
     mono and [T, C] and [2, T], base64 or not, float32 and float64, take the numpy path or vLLM-Omni's; other
     formats and speeds pass through unchanged."""
-    code = (
-        "import numpy as np\n"
-        "import vllm_omni.entrypoints.openai.serving_speech\n"
-        "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
-        "from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio\n"
-        "from vllm_omni_kani import patch\n"
+    code = SERVER_IMPORTS + (
         "rng = np.random.default_rng(0)\n"
         "mono = rng.uniform(-1.1, 1.1, 4410).astype(np.float32)\n"
         "audios = [mono, mono.astype(np.float64), mono.reshape(-1, 2), mono.reshape(2, -1), mono[:0]]\n"
@@ -92,12 +96,7 @@ def test_the_torch_encoding_is_the_numpy_one_and_int16_turns_back_exactly():
 def test_int16_audio_is_answered_as_its_own_bytes():
     """The server's encoder takes int16 audio (a ``codec_pcm16_audio`` codec's) as PCM: its bytes for pcm and wav,
     the same answer as soundfile writes for that int16 and as the float samples it came from."""
-    code = (
-        "import numpy as np\n"
-        "import vllm_omni.entrypoints.openai.serving_speech\n"
-        "from vllm_omni.entrypoints.openai.audio_utils_mixin import AudioMixin\n"
-        "from vllm_omni.entrypoints.openai.protocol.audio import CreateAudio\n"
-        "from vllm_omni_kani import patch\n"
+    code = SERVER_IMPORTS + (
         "from vllm_omni_kani.entrypoints.openai.pcm16 import pcm16\n"
         "x = np.random.default_rng(0).uniform(-1.1, 1.1, 4410).astype(np.float32)\n"
         "pcm = pcm16(x)\n"
