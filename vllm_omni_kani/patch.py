@@ -875,9 +875,10 @@ def shorten_dropped_output_warnings() -> bool | None:
     With async_chunk a request finishes when its codec does; Stage 0's last output can reach the orchestrator after
     that, and is dropped with this warning (harmless: its frames went to the codec through the connector). With the
     codec's PCM16 audio a third of the requests did so at 512 streams on two GPUs, each line 22 KB (the ids of ~500
-    requests): 22 MB of log a minute, formatted while the orchestrator thread holds the GIL (docs/BENCHMARKS.md,
-    fortieth set). A filter on its logger logs the request, the stage and the count instead; the line still starts
-    as before (``benchmarks/audio_vs_frames.py`` counts these requests apart by it).
+    requests): ~1,000 such lines, 23 MB, in one run's minute at 512 streams, formatted while the orchestrator thread
+    holds the GIL (docs/BENCHMARKS.md, fortieth set). A filter on its logger logs the request, the stage and the
+    count instead; the line still starts as before (``benchmarks/audio_vs_frames.py`` counts these requests apart by
+    it).
     """
     # By name: the same logger object vLLM's init_logger(__name__) gives that module, without importing it here.
     logging.getLogger(ORCHESTRATOR_LOGGER).addFilter(_ShortDroppedOutputWarning())
