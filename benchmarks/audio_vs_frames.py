@@ -9,8 +9,11 @@ less the frame-less tokens a stream that ended by itself carries (END_OF_SPEECH 
 tokens; parallel heads: 1). Anything else lost or repeated audio.
 
 A request whose Stage 1 finished before vLLM-Omni's orchestrator took Stage 0's last output has no Stage-0 row: the
-orchestrator drops that output with a warning (``Dropping output for unknown req ... at stage-0``), so its frames
-cannot be checked here; it is counted apart, not as a cut table.
+orchestrator drops that output with a warning (``Dropping output for unknown req ... at stage-0``). A server started
+with ``KANI_LOG_STAGE0_FINISHED=1`` also logs Stage 0's own count of each request's output tokens as it frees the
+request (``[KaniStage0Finished]``, ``core/sched/finished_tokens.py``); such a request is checked with that count (and
+counted as such), and for every request with both counts the two must agree. Without the line it is counted apart,
+not as a cut table.
 """
 
 from __future__ import annotations
@@ -29,6 +32,10 @@ _ROW = re.compile(r"\|\s*(\w+)\s*\|\s*([^|]*?)\s*\|\s*([^|]*?)\s*\|")
 # vLLM-Omni's orchestrator, for an output that arrives after its request finished.
 _DROPPED = re.compile(r"Dropping output for unknown req (\S+) at stage-0\b")
 STAGE0_DROPPED = "Stage 0's last output dropped by the orchestrator (Stage 1 finished first): not checked"
+# Stage 0's scheduler, for each request it frees (KANI_LOG_STAGE0_FINISHED).
+_FINISHED = re.compile(r"\[KaniStage0Finished\] request_id=(\S+) tokens=(\d+) status=(\S+)")
+CHECKED_WITH_STAGE0_COUNT = "checked with Stage 0's own token count (its last output dropped)"
+COUNTS_DISAGREE = "Stage 0's own token count differs from the orchestrator's"
 
 
 def log_lines(log: Path) -> list[str]:
@@ -71,6 +78,26 @@ def stage0_dropped(log: Path) -> set[str]:
     return {m.group(1) for line in log_lines(log) if (m := _DROPPED.search(line))}
 
 
+def stage0_finished(log: Path) -> dict[str, int]:
+    """Request id -> output tokens, from Stage 0's ``[KaniStage0Finished]`` lines (empty without them)."""
+    return {m.group(1): int(m.group(2)) for line in log_lines(log) if (m := _FINISHED.search(line))}
+
+
+def check(
+    stats: dict[str, tuple[str, str]], tokens_per_frame: int, dropped: bool, stage0_tokens: int | None
+) -> list[str]:
+    """The verdicts of one request: ``classify``'s, with Stage 0's own count standing in for a dropped row and
+    compared with the orchestrator's where both exist."""
+    if "num_tokens_out" not in stats and stage0_tokens is not None and "audio_generated_frames" in stats:
+        filled = {**stats, "num_tokens_out": (str(stage0_tokens), "")}
+        return [classify(filled, tokens_per_frame), CHECKED_WITH_STAGE0_COUNT]
+    verdicts = [classify(stats, tokens_per_frame, dropped)]
+    orchestrator_tokens = stats.get("num_tokens_out", ("",))[0].replace(",", "")
+    if stage0_tokens is not None and orchestrator_tokens and int(float(orchestrator_tokens)) != stage0_tokens:
+        verdicts.append(COUNTS_DISAGREE)
+    return verdicts
+
+
 def classify(stats: dict[str, tuple[str, str]], tokens_per_frame: int, stage0_output_dropped: bool = False) -> str:
     def num(text: str) -> int:
         return int(float(text.replace(",", ""))) if text else 0
@@ -97,11 +124,14 @@ def main() -> None:
     parser.add_argument("--tokens-per-frame", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    dropped = stage0_dropped(args.log)
-    verdicts = {rid: classify(s, args.tokens_per_frame, rid in dropped) for rid, s in requests(args.log).items()}
-    counts = Counter(v if not v.startswith("mismatch") else "mismatch" for v in verdicts.values())
+    dropped, finished = stage0_dropped(args.log), stage0_finished(args.log)
+    verdicts = {
+        rid: check(s, args.tokens_per_frame, rid in dropped, finished.get(rid)) for rid, s in requests(args.log).items()
+    }
+    counts = Counter(v if not v.startswith("mismatch") else "mismatch" for vs in verdicts.values() for v in vs)
     summary = {"log": args.log.name, "requests": len(verdicts), **counts}
-    summary["mismatches"] = [f"{r}: {v}" for r, v in verdicts.items() if v.startswith(("mismatch", "partial"))][:20]
+    bad = ("mismatch", "partial", COUNTS_DISAGREE)
+    summary["mismatches"] = [f"{r}: {v}" for r, vs in verdicts.items() for v in vs if v.startswith(bad)][:20]
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")

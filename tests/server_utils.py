@@ -40,6 +40,8 @@ _BASE_ENV: dict[str, str | None] = {
     "NO_COLOR": "1",
     # Each stage's scheduler logs its requests' first outputs (one line each; test_bench's traced sweep reads them).
     "KANI_TRACE_FIRST_OUTPUTS": "1",
+    # ... and Stage 0's scheduler each freed request's output tokens (audio_vs_frames.py checks them).
+    "KANI_LOG_STAGE0_FINISHED": "1",
     # Process-wide on vLLM-CPU and stronger than each stage's kv_cache_memory_bytes: the deploy YAML must size
     # the KV cache (the test suite sets this for its in-process engines).
     "VLLM_CPU_KVCACHE_SPACE": None,

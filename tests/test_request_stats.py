@@ -71,3 +71,38 @@ def test_audio_vs_frames_counts_a_dropped_stage0_output_apart(tmp_path):
     assert dropped == {rid}
     assert audio_vs_frames.classify(found[rid], 1, rid in dropped) == audio_vs_frames.STAGE0_DROPPED
     assert audio_vs_frames.classify(found["speech-cut"], 1, "speech-cut" in dropped) == "table cut by other log lines"
+
+
+def test_a_dropped_stage0_output_is_checked_with_stage0_s_own_count(tmp_path):
+    """With Stage 0's ``[KaniStage0Finished]`` lines a request whose last Stage-0 output was dropped is checked with
+    the engine's count (29 frames of audio: 29 tokens whole, 30 ended by itself, 33 a mismatch), and where both counts
+    exist a disagreement is reported."""
+    audio_vs_frames = benchmark_script("audio_vs_frames")
+    record = (
+        '{"stages":{"0":{"num_tokens_out":12},"1":{"audio_generated_frames":%d}}}',
+        '{"stages":{"1":{"audio_generated_frames":%d}}}',
+    )
+    lines = []
+    for rid, tokens, stats in (
+        ("speech-a", 29, record[1] % (29 * 1764)),
+        ("speech-b", 30, record[1] % (29 * 1764)),
+        ("speech-c", 33, record[1] % (29 * 1764)),
+        ("speech-d", 12, record[0] % (12 * 1764)),
+        ("speech-e", 13, record[0] % (12 * 1764)),
+    ):
+        if '"0"' not in stats:
+            lines.append(f"WARNING [Orchestrator] Dropping output for unknown req {rid} at stage-0")
+        lines.append(f"INFO [finished_tokens.py:40] [KaniStage0Finished] request_id={rid} tokens={tokens} status=X")
+        lines.append(f"INFO [request_stats.py:65] [KaniRequestStats] request_id={rid} {stats}")
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    found, dropped = audio_vs_frames.requests(log), audio_vs_frames.stage0_dropped(log)
+    finished = audio_vs_frames.stage0_finished(log)
+    assert finished == {"speech-a": 29, "speech-b": 30, "speech-c": 33, "speech-d": 12, "speech-e": 13}
+    verdicts = {rid: audio_vs_frames.check(found[rid], 1, rid in dropped, finished[rid]) for rid in found}
+    checked = audio_vs_frames.CHECKED_WITH_STAGE0_COUNT
+    assert verdicts["speech-a"] == ["whole", checked]
+    assert verdicts["speech-b"] == ["whole, ended by itself", checked]
+    assert verdicts["speech-c"][0].startswith("mismatch") and verdicts["speech-c"][1] == checked
+    assert verdicts["speech-d"] == ["whole"]
+    assert verdicts["speech-e"] == ["whole", audio_vs_frames.COUNTS_DISAGREE]

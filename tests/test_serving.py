@@ -182,7 +182,7 @@ def test_codec_steps_are_bounded_in_frames_and_held_chunks_still_decode(server):
 def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_its_frames(server, tmp_path):
     """Under async_chunk Stage 0 sends the API server its final output only (nothing there uses its per-step ones):
     its stats still count every token, and each request's audio is exactly those frames, read from the server log
-    the way ``benchmarks/audio_vs_frames.py`` reads a GPU run's."""
+    the way ``benchmarks/audio_vs_frames.py`` reads a GPU run's; Stage 0's own count at its finish is the same."""
     audio_vs_frames = benchmark_script("audio_vs_frames")
     before = len(server.log_text())
     # Our own request ids (the engine's is speech-<X-Request-Id>): the tables are logged off the event loop, so an
@@ -200,9 +200,13 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
     wait_for(lambda: len(ours()) >= 3, timeout_s=10.0)
     stats = ours()
     assert len(stats) == 3, log.read_text()[-3000:]
+    finished = audio_vs_frames.stage0_finished(log)
     for request_id, fields in stats.items():
         assert audio_vs_frames.classify(fields, 1).startswith("whole"), (request_id, fields)
         assert int(fields["num_tokens_out"][0]) > 0
+        # Stage 0's own count, logged as it freed the request, is the orchestrator's (the stand-in for a dropped row).
+        assert finished[request_id] == int(fields["num_tokens_out"][0]), (request_id, finished.get(request_id))
+        assert audio_vs_frames.check(fields, 1, False, finished[request_id]) == [audio_vs_frames.classify(fields, 1)]
         # Both stages' first outputs, as ttfa_breakdown.py reads them.
         assert all(float(t) > 0 for t in fields["vllm_ttft_ms"]), fields
     # One line per request, not vLLM-Omni's tables.

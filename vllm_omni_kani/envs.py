@@ -46,6 +46,16 @@ def trace_first_outputs() -> bool:
     return _flag(KANI_TRACE_FIRST_OUTPUTS)
 
 
+KANI_LOG_STAGE0_FINISHED = "KANI_LOG_STAGE0_FINISHED"
+
+
+def log_stage0_finished() -> bool:
+    """``KANI_LOG_STAGE0_FINISHED``: Stage 0's scheduler logs one ``[KaniStage0Finished]`` line per request as it frees
+    it, with its output token count (``core/sched/finished_tokens.py``), for the audio check of requests whose last
+    Stage-0 output the orchestrator dropped."""
+    return _flag(KANI_LOG_STAGE0_FINISHED)
+
+
 KANI_LAZY_SUBMIT = "KANI_LAZY_SUBMIT"
 
 

@@ -20,6 +20,9 @@ export KANI_STEP_STATS_S=${KANI_STEP_STATS_S:-5}
 # ... and each stage's scheduler its requests' first outputs (core/sched/first_outputs.py; benchmarks/first_outputs.py
 # splits the engines' part of a traced first audio with them).
 export KANI_TRACE_FIRST_OUTPUTS=${KANI_TRACE_FIRST_OUTPUTS:-1}
+# ... and Stage 0's scheduler each freed request's output tokens (core/sched/finished_tokens.py): audio_vs_frames.py
+# checks the requests whose last Stage-0 output the orchestrator dropped with them.
+export KANI_LOG_STAGE0_FINISHED=${KANI_LOG_STAGE0_FINISHED:-1}
 # ... and the API server its event-loop lag (entrypoints/loop_lag.py): do new requests wait behind a blocked loop?
 export KANI_LOOP_LAG_S=${KANI_LOOP_LAG_S:-5}
 # ... with the stacks its loop thread stood in while the loop did not tick for 50 ms (entrypoints/loop_stalls.py)
