@@ -150,10 +150,7 @@ for phase in "$@"; do
       pack "$phase" ;;
     dp4)
       checkpoints
-      # Replica r of Stage 0 on GPU r mod 2: vLLM-Omni hands requests to each stage's replicas in turn, so request n
-      # meets Stage-0 replica n mod 4 and codec replica n mod 2, both on GPU n mod 2.
-      python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml stage_configs/kani_tts_dp4.yaml \
-        stages.0.num_replicas=4 stages.0.devices=0,1,0,1 > /dev/null
+      dp4_variant kani_tts_dp4
       serve_sweeps 0,1 dp4 "$CK/par" stage_configs/kani_tts_dp4.yaml "${DP_LIMIT_S:-540}" ${WAVES:+--waves $WAVES} \
         "${DP4_SWEEP:-250:64,256}"
       cleanup

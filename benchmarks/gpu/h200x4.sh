@@ -16,12 +16,6 @@
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
 
-dp4_variant() {  # dp4_variant NAME KEY=VALUE...: kani_tts_dp.yaml as dp4, with the changes
-  local name=$1; shift
-  python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml "stage_configs/$name.yaml" \
-    stages.0.num_replicas=4 stages.0.devices=0,1,0,1 "$@" > /dev/null
-}
-
 # float_codec_config: Stage 1's shipped additional_config with float32 audio (codec_pcm16_audio false), as JSON; an
 # overlay replaces additional_config whole, so the variant carries the whole block.
 float_codec_config() {

@@ -233,6 +233,16 @@ memory_steps() {
     --split-during-capture --out "$R"
 }
 
+# dp4_variant NAME KEY=VALUE...: stage_configs/NAME.yaml, kani_tts_dp.yaml with Stage 0's num_replicas 4 on devices
+# 0,1,0,1 (two Stage-0 engines and a codec on each of two GPUs) and the changes. Replica r of Stage 0 is on GPU r mod 2:
+# vLLM-Omni hands requests to each stage's replicas in turn, so request n meets Stage-0 replica n mod 4 and codec
+# replica n mod 2, both on GPU n mod 2.
+dp4_variant() {
+  local name=$1; shift
+  python3 -m vllm_omni_kani.benchmarks.variants stage_configs/kani_tts_dp.yaml "stage_configs/$name.yaml" \
+    stages.0.num_replicas=4 stages.0.devices=0,1,0,1 "$@" > /dev/null
+}
+
 # variant NAME KEY=VALUE...: stage_configs/NAME.yaml, the shipped kani_tts.yaml with the changes (dotted paths,
 # benchmarks/variants.py), e.g. stages.0.async_scheduling=true.
 variant() {
