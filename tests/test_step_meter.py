@@ -58,13 +58,50 @@ def test_the_switch_interval_is_set_by_register_in_each_process():
     assert float(default.stdout.split()[-1]) == pytest.approx(0.005)  # CPython's own, left alone when unset
 
 
+_MAIN_AND_CHILD = """
+import multiprocessing, sys, vllm_omni_kani
+
+def child(queue):
+    vllm_omni_kani.register()
+    queue.put(sys.getswitchinterval())
+
+if __name__ == "__main__":
+    vllm_omni_kani.register()
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=child, args=(queue,))
+    proc.start()
+    print(sys.getswitchinterval(), queue.get(timeout=120))
+    proc.join()
+"""
+
+
+def test_the_main_process_interval_applies_to_the_main_process_alone(tmp_path):
+    script = tmp_path / "main_and_child.py"
+    script.write_text(_MAIN_AND_CHILD)
+    both = run_python(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+        env={"KANI_MAIN_GIL_SWITCH_INTERVAL_MS": "1", "KANI_GIL_SWITCH_INTERVAL_MS": "20"},
+    )
+    main, child = map(float, both.stdout.split()[-2:])
+    assert main == pytest.approx(0.001)  # the API server's process
+    assert child == pytest.approx(0.020)  # an engine core: every process's variable
+    alone = run_python(
+        f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')",
+        env={"KANI_MAIN_GIL_SWITCH_INTERVAL_MS": "2"},
+    )
+    main, child = map(float, alone.stdout.split()[-2:])
+    assert (main, child) == (pytest.approx(0.002), pytest.approx(0.005))  # the child keeps CPython's own
+
+
+@pytest.mark.parametrize("name", ["KANI_GIL_SWITCH_INTERVAL_MS", "KANI_MAIN_GIL_SWITCH_INTERVAL_MS"])
 @pytest.mark.parametrize("value", ["0", "-1", "fast"])
-def test_a_bad_switch_interval_fails_the_process_start_with_the_variable_named(value):
+def test_a_bad_switch_interval_fails_the_process_start_with_the_variable_named(name, value):
     from vllm_omni_kani.gil_switch import apply_switch_interval
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KANI_GIL_SWITCH_INTERVAL_MS", value)
-        with pytest.raises(ValueError, match="KANI_GIL_SWITCH_INTERVAL_MS"):
+        mp.setenv(name, value)
+        with pytest.raises(ValueError, match=name):
             apply_switch_interval()
 
 

@@ -75,13 +75,17 @@ def request_tables() -> bool:
 
 
 KANI_GIL_SWITCH_INTERVAL_MS = "KANI_GIL_SWITCH_INTERVAL_MS"
+# The same for the main process alone (the API server, or an offline script): where vLLM-Omni's orchestrator thread
+# shares the GIL with the event loop. Wins over KANI_GIL_SWITCH_INTERVAL_MS there.
+KANI_MAIN_GIL_SWITCH_INTERVAL_MS = "KANI_MAIN_GIL_SWITCH_INTERVAL_MS"
 
 
-def gil_switch_interval_s() -> float | None:
-    """``KANI_GIL_SWITCH_INTERVAL_MS`` in seconds (``sys.setswitchinterval``'s unit), or None when unset or empty.
+def gil_switch_interval_s(name: str = KANI_GIL_SWITCH_INTERVAL_MS) -> float | None:
+    """The variable ``name`` (milliseconds) in seconds (``sys.setswitchinterval``'s unit), or None when unset or
+    empty.
 
     Raises ValueError with the variable's name for a value that is not a positive number."""
-    raw = os.environ.get(KANI_GIL_SWITCH_INTERVAL_MS, "").strip()
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
@@ -89,7 +93,7 @@ def gil_switch_interval_s() -> float | None:
     except ValueError:
         value = float("nan")
     if not value > 0:
-        raise ValueError(f"{KANI_GIL_SWITCH_INTERVAL_MS}={raw!r}: expected a positive number of milliseconds")
+        raise ValueError(f"{name}={raw!r}: expected a positive number of milliseconds")
     return value / 1000.0
 
 

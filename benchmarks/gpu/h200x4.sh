@@ -12,6 +12,10 @@
 #              two GPUs against one, and the codec_pcm16_audio A/B on one GPU (ONE_SWEEP, default 250:128,256)
 #   onegpu4    four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3, with float32 codec audio on GPU 1, without the
 #              /dev/shm listing on GPU 2; ONE4_SWEEPS (default "64:1,64,256 250:64,256"), ONE4_LIMIT_S (560)
+#   firstchunk four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3, initial_codec_chunk_frames 1 on GPU 1
+#              and 2 on GPU 2 (shipped: 3); ONE4_SWEEPS, ONE4_LIMIT_S as onegpu4
+#   mainswitch four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3, with the API server's GIL switch
+#              interval at 1 ms (GPU 1) and 0.5 ms (GPU 2) (KANI_MAIN_GIL_SWITCH_INTERVAL_MS); ONE4_SWEEPS, ONE4_LIMIT_S
 #   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
@@ -37,6 +41,23 @@ ab_pair() {
   wait; cleanup
   frames_check "$1"
   frames_check "$4"
+  step_rates
+}
+
+# four_servers "GPU LABEL ENV YAML_NAME" x4: one one-GPU server a GPU, all at once (ENV: "NAME=VALUE" or "-"), each
+# through the ONE4_SWEEPS levels; then the audio checks and the step meters of all four.
+four_servers() {
+  local side sweeps=${ONE4_SWEEPS:-64:1,64,256 250:64,256} labels=()
+  for side in "$@"; do
+    # shellcheck disable=SC2086
+    set -- $side
+    labels+=("$2")
+    # shellcheck disable=SC2086
+    ( [ "$3" != - ] && export $3; serve_sweeps "$1" "$2" "$CK/par" "stage_configs/$4.yaml" "${ONE4_LIMIT_S:-560}" \
+        --waves "${WAVES:-4}" $sweeps ) &
+  done
+  wait; cleanup
+  for side in "${labels[@]}"; do frames_check "$side"; done
   step_rates
 }
 
@@ -68,6 +89,23 @@ for phase in "$@"; do
       for side in dp4 onegpu onegpu-float; do frames_check $side; done
       step_rates
       pack scale ;;
+    firstchunk)
+      # The first codec chunk's frames against TTFA in waves: every side the shipped file but for that one key.
+      device_info
+      checkpoints
+      variant kani_tts_first1 "connectors.shm.extra.initial_codec_chunk_frames=1"
+      variant kani_tts_first2 "connectors.shm.extra.initial_codec_chunk_frames=2"
+      four_servers "0 shipped - kani_tts" "1 first1 - kani_tts_first1" "2 first2 - kani_tts_first2" \
+        "3 shipped-b - kani_tts"
+      pack firstchunk ;;
+    mainswitch)
+      # The API server's GIL switch interval (KANI_MAIN_GIL_SWITCH_INTERVAL_MS; engines keep CPython's 5 ms): a wave's
+      # requests reach the engines while the event loop still takes the rest of the wave in.
+      device_info
+      checkpoints
+      four_servers "0 shipped - kani_tts" "1 main1ms KANI_MAIN_GIL_SWITCH_INTERVAL_MS=1 kani_tts" \
+        "2 main05ms KANI_MAIN_GIL_SWITCH_INTERVAL_MS=0.5 kani_tts" "3 shipped-b - kani_tts"
+      pack mainswitch ;;
     onegpu4)
       # Four one-GPU servers at once, one a GPU: the shipped kani_tts.yaml twice (GPUs 0 and 3: the spread between
       # two identical servers), with float32 codec audio (GPU 1) and with vLLM-Omni's connector polls instead of the
@@ -75,19 +113,8 @@ for phase in "$@"; do
       device_info
       checkpoints
       variant kani_tts_float "stages.1.additional_config=$(float_codec_config)"
-      # shellcheck disable=SC2086
-      sweeps=${ONE4_SWEEPS:-64:1,64,256 250:64,256}
-      for side in "0 shipped - kani_tts" "1 float - kani_tts_float" \
-          "2 nolisting KANI_DISABLE_PATCHES=poll_shm_chunks_from_one_listing kani_tts" "3 shipped-b - kani_tts"; do
-        # shellcheck disable=SC2086
-        set -- $side
-        # shellcheck disable=SC2086
-        ( [ "$3" != - ] && export $3; serve_sweeps "$1" "$2" "$CK/par" "stage_configs/$4.yaml" "${ONE4_LIMIT_S:-560}" \
-            --waves "${WAVES:-4}" $sweeps ) &
-      done
-      wait; cleanup
-      for side in shipped float nolisting shipped-b; do frames_check $side; done
-      step_rates
+      four_servers "0 shipped - kani_tts" "1 float - kani_tts_float" \
+        "2 nolisting KANI_DISABLE_PATCHES=poll_shm_chunks_from_one_listing kani_tts" "3 shipped-b - kani_tts"
       pack onegpu4 ;;
     listingab)
       device_info
