@@ -176,6 +176,18 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
         assert sum(values[i] for values in engines.values()) == pytest.approx(span, abs=4 * log_resolution_ms)
     # The engine request is named after the client's id, so vLLM-Omni's own per-request lines join too.
     assert all(f"speech-{t['id']}" in server.log_text() for t in level["trace"])
+    # The first wave's way in (first_wave.py): its two requests, in the order of the points they passed.
+    import first_wave
+
+    row = first_wave.wave_entry(level["trace"], points, stages, 2)
+    assert row["requests"] == 2
+    assert 0 <= row["first at the handler (ms)"] <= row["last at the handler (ms)"]
+    assert row["first at the handler (ms)"] <= row["first Stage-0 admission (ms)"] <= row["last Stage-0 admission (ms)"]
+    waited = row["queued -> Stage 0 has it (ms)"]
+    assert 0 <= waited["p50"] <= waited["p95"]
+    firsts = sorted(level["trace"], key=lambda t: t["sent"])[:2]
+    assert row["TTFA (ms)"]["p95"] <= max(t["first_byte"] - t["sent"] for t in firsts) * 1000.0 + 0.1
+    assert first_wave.wave_entry(level["trace"], {}, stages, 2) == {"requests": 0}
 
 
 def test_staggered_streams_send_their_first_requests_apart(omni_server, tiny_parallel, tmp_path):
