@@ -884,6 +884,26 @@ def shorten_dropped_output_warnings() -> bool | None:
     logging.getLogger(ORCHESTRATOR_LOGGER).addFilter(_ShortDroppedOutputWarning())
 
 
+@_patch(_vllm_omni_0_26)
+def wait_for_replica_outputs() -> bool | None:
+    """vllm-omni 0.26.x: the orchestrator's polls of its LLM replicas keep one read pending per replica and wait for
+    any replica's output instead of a fresh 1-ms ``wait_for`` per replica per pass (``engine/replica_outputs.py``).
+
+    Its loop (``Orchestrator._orchestration_loop``) then wakes when a stage has an output, or a few times a second
+    when none has, instead of a few thousand times a second, each wake taking the GIL from the API server's event loop.
+    Applied by ``register()`` in every process; it acts in the orchestrator's thread.
+
+    Returns whether the patch is active.
+    """
+    from vllm_omni.engine.stage_pool import StagePool
+
+    from vllm_omni_kani.engine.replica_outputs import poll_llm_raw_output
+
+    if not callable(getattr(StagePool, "poll_llm_raw_output", None)) or not hasattr(StagePool, "_poll_stage_raw"):
+        return False
+    StagePool.poll_llm_raw_output = poll_llm_raw_output
+
+
 def _vllm_0_26() -> bool:
     return _vllm_version().startswith("0.26.")
 
@@ -989,6 +1009,7 @@ def apply_all() -> list[str]:
             encode_pcm_with_numpy,
             log_request_summaries_off_the_event_loop,
             shorten_dropped_output_warnings,
+            wait_for_replica_outputs,
             unlink_shm_chunks_of_aborted_requests,
             poll_shm_chunks_from_one_listing,
             hand_stage0_codes_as_step_rows,

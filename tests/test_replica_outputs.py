@@ -1,0 +1,106 @@
+"""``ReplicaReads``: the orchestrator's polls of its replicas, one read pending per replica.
+
+Each replica here is an ``asyncio.Queue`` read the way ``StagePool._poll_stage_raw`` reads a replica's client (an
+awaited get); the served path (vLLM-Omni's orchestrator polling real engines through the patched
+``StagePool.poll_llm_raw_output``) runs in every serving test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from vllm_omni_kani.engine.replica_outputs import IDLE_WAIT_S, ReplicaReads
+
+
+def _replicas(n: int) -> tuple[ReplicaReads, list[asyncio.Queue]]:
+    return ReplicaReads(), [asyncio.Queue() for _ in range(n)]
+
+
+async def _poll(reads: ReplicaReads, queues: list[asyncio.Queue], i: int, timeout_s: float = IDLE_WAIT_S):
+    return await reads.take((0, i), queues[i].get, timeout_s)
+
+
+def test_every_output_comes_once_and_in_order_per_replica():
+    async def run() -> list[list[int]]:
+        reads, queues = _replicas(3)
+        got: list[list[int]] = [[], [], []]
+        for k in range(50):
+            queues[k % 3].put_nowait(k)
+        while sum(map(len, got)) < 50:
+            for i in range(3):
+                out = await _poll(reads, queues, i, 0.01)
+                if out is not None:
+                    got[i].append(out)
+        return got
+
+    got = asyncio.run(run())
+    assert got == [list(range(i, 50, 3)) for i in range(3)]
+
+
+def test_a_poll_with_nothing_ready_waits_its_bound_and_keeps_the_read():
+    async def run() -> tuple[object, float, int, object]:
+        reads, queues = _replicas(1)
+        start = time.perf_counter()
+        out = await _poll(reads, queues, 0, 0.05)
+        waited = time.perf_counter() - start
+        pending = len(reads.reads)
+        queues[0].put_nowait("late")
+        return out, waited, pending, await _poll(reads, queues, 0, 1.0)
+
+    out, waited, pending, late = asyncio.run(run())
+    assert out is None and 0.04 <= waited < 1.0
+    assert pending == 1  # the read stays for the next poll: nothing is lost in between
+    assert late == "late"
+
+
+def test_another_replicas_output_ends_the_wait_at_once():
+    async def run() -> tuple[object, float, object]:
+        reads, queues = _replicas(2)
+        await _poll(reads, queues, 1, 0.0)  # replica 1's read is pending now
+        asyncio.get_running_loop().call_later(0.05, queues[1].put_nowait, "from 1")
+        start = time.perf_counter()
+        out = await _poll(reads, queues, 0, 30.0)
+        return out, time.perf_counter() - start, await _poll(reads, queues, 1, 0.0)
+
+    out, waited, other = asyncio.run(run())
+    assert out is None and waited < 5.0  # not the 30-s bound
+    assert other == "from 1"
+
+
+def test_a_failed_read_raises_at_its_replicas_poll_and_the_next_poll_reads_again():
+    async def run() -> object:
+        reads = ReplicaReads()
+        calls = iter([RuntimeError("engine dead"), "next"])
+
+        async def read() -> object:
+            value = next(calls)
+            if isinstance(value, Exception):
+                raise value
+            return value
+
+        with pytest.raises(RuntimeError, match="engine dead"):
+            await reads.take((0, 0), read, 1.0)
+        assert reads.reads == {}
+        return await reads.take((0, 0), read, 1.0)
+
+    assert asyncio.run(run()) == "next"
+
+
+def test_a_dropped_replica_cancels_its_read_and_polls_leave_nothing_over_10000_rounds():
+    async def run() -> tuple[bool, int]:
+        reads, queues = _replicas(2)
+        await _poll(reads, queues, 0, 0.0)
+        task = reads.reads[(0, 0)]
+        reads.drop((0, 0))
+        await asyncio.sleep(0)
+        cancelled = task.cancelled()
+        for k in range(10_000):
+            queues[k % 2].put_nowait(k)
+            assert await _poll(reads, queues, k % 2, 1.0) == k
+        return cancelled, len(reads.reads)
+
+    cancelled, left = asyncio.run(run())
+    assert cancelled and left == 0
