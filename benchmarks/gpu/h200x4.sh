@@ -16,6 +16,9 @@
 #              and 2 on GPU 2 (shipped: 3); ONE4_SWEEPS, ONE4_LIMIT_S as onegpu4
 #   mainswitch four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3, with the API server's GIL switch
 #              interval at 1 ms (GPU 1) and 0.5 ms (GPU 2) (KANI_MAIN_GIL_SWITCH_INTERVAL_MS); ONE4_SWEEPS, ONE4_LIMIT_S
+#   replicareads  four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3 (the orchestrator's output polls answered
+#              by one pending read per replica, wait_for_replica_outputs, shipped), and with vLLM-Omni's 1-ms polls
+#              (KANI_DISABLE_PATCHES) on GPUs 1 and 2; ONE4_SWEEPS, ONE4_LIMIT_S; first_wave.py for each
 #   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
@@ -59,6 +62,16 @@ four_servers() {
   wait; cleanup
   for side in "${labels[@]}"; do frames_check "$side"; done
   step_rates
+}
+
+# first_waves LABEL...: first_wave.py for each server's sweeps (how each level's first wave got to Stage 0).
+first_waves() {
+  local side f
+  for side in "$@"; do
+    for f in "$R/$side"-f*.json; do
+      [ -e "$f" ] && python3 benchmarks/first_wave.py "$R/serve-$side.log" "$f" > "$R/first-wave-$(basename "$f" .json).txt"
+    done
+  done
 }
 
 for phase in "$@"; do
@@ -106,6 +119,13 @@ for phase in "$@"; do
       four_servers "0 shipped - kani_tts" "1 main1ms KANI_MAIN_GIL_SWITCH_INTERVAL_MS=1 kani_tts" \
         "2 main05ms KANI_MAIN_GIL_SWITCH_INTERVAL_MS=0.5 kani_tts" "3 shipped-b - kani_tts"
       pack mainswitch ;;
+    replicareads)
+      device_info
+      checkpoints
+      four_servers "0 reads - kani_tts" "1 polls KANI_DISABLE_PATCHES=wait_for_replica_outputs kani_tts" \
+        "2 polls-b KANI_DISABLE_PATCHES=wait_for_replica_outputs kani_tts" "3 reads-b - kani_tts"
+      first_waves reads polls polls-b reads-b
+      pack replicareads ;;
     onegpu4)
       # Four one-GPU servers at once, one a GPU: the shipped kani_tts.yaml twice (GPUs 0 and 3: the spread between
       # two identical servers), with float32 codec audio (GPU 1) and with vLLM-Omni's connector polls instead of the
