@@ -69,16 +69,23 @@ def engine_segments(traces: list[dict], ttfa: dict[str, dict[str, float]], stage
     return out, joined
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def traced_run(description: str) -> tuple[argparse.Namespace, dict, dict, list[dict]]:
+    """The command line ``SERVER_LOG BENCH_JSON [--json OUT]`` of a script described by ``description``: its
+    arguments, the API server's ``[KaniTTFA]`` points, the schedulers' first-output points and the benchmark's
+    levels."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path)
     parser.add_argument("bench", type=Path)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     lines = log_lines(args.log)
-    ttfa, stages = server_points(lines), first_output_points(lines)
+    return args, server_points(lines), first_output_points(lines), json.loads(args.bench.read_text())["levels"]
+
+
+def main() -> None:
+    args, ttfa, stages, levels = traced_run(__doc__)
     report = []
-    for level in json.loads(args.bench.read_text())["levels"]:
+    for level in levels:
         concurrency = level["concurrency"]
         for wave, traces in zip(WAVES, waves(level.get("trace") or [], concurrency), strict=True):
             split, joined = engine_segments(traces, ttfa, stages)

@@ -13,13 +13,10 @@ having it, when Stage 0 admitted its first and its last request, and the wave's 
 
 from __future__ import annotations
 
-import argparse
 import json
-from pathlib import Path
 
-from audio_vs_frames import log_lines
-from first_outputs import first_output_points
-from ttfa_breakdown import _pcts, server_points, waves
+from first_outputs import traced_run
+from ttfa_breakdown import _pcts, waves
 
 
 def wave_entry(
@@ -52,15 +49,9 @@ def wave_entry(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", type=Path)
-    parser.add_argument("bench", type=Path)
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
-    lines = log_lines(args.log)
-    ttfa, stages = server_points(lines), first_output_points(lines)
+    args, ttfa, stages, levels = traced_run(__doc__)
     report = []
-    for level in json.loads(args.bench.read_text())["levels"]:
+    for level in levels:
         row = {
             "concurrency": level["concurrency"],
             **wave_entry(level.get("trace") or [], ttfa, stages, level["concurrency"]),
