@@ -89,10 +89,5 @@ async def poll_llm_raw_output(pool: Any, replica_id: int, *, timeout_s: float = 
     if client is None:
         reads.drop(key)
         return None
-    try:
-        return await reads.take(key, lambda: pool._poll_stage_raw(client), IDLE_WAIT_S)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        reads.drop(key)
-        raise
+    # A failed read is forgotten by take() before it raises here: the replica's next poll reads again.
+    return await reads.take(key, lambda: pool._poll_stage_raw(client), IDLE_WAIT_S)
