@@ -142,7 +142,20 @@ def open_demo(page, url: str) -> None:
     page.goto(url)
     page.wait_for_selector("#kani-speak")
     # The voice list is fetched from the server when the page loads.
-    page.wait_for_function("() => /Connected|Error/.test(document.querySelector('#kani-status').innerText)")
+    wait_for_status(page, "Connected|Error")
+
+
+def wait_for_status(page, pattern: str, timeout: float | None = None) -> None:
+    """Wait until the status box's text matches the JS regex ``pattern``.
+
+    Gradio may render or re-render the box after the page's first controls, so the wait tolerates its absence.
+    """
+    page.wait_for_function(
+        "(pattern) => { const e = document.querySelector('#kani-status');"
+        " return e !== null && new RegExp(pattern).test(e.innerText); }",
+        arg=pattern,
+        timeout=timeout,
+    )
 
 
 def pick_voice(page, name: str) -> list[str]:
@@ -192,7 +205,7 @@ def test_speak_streams_into_the_page_and_offers_the_result_for_download(server, 
     # The player's <audio> gets the streamed audio as a playable WAV with a real duration.
     page.wait_for_function(
         "() => { const a = document.querySelector('#kani-live-audio');"
-        " return a.src.startsWith('blob:') && a.readyState >= 1 && a.duration > 0; }"
+        " return a !== null && a.src.startsWith('blob:') && a.readyState >= 1 && a.duration > 0; }"
     )
     audio = page.evaluate(
         "() => { const a = document.querySelector('#kani-live-audio');"
@@ -201,7 +214,7 @@ def test_speak_streams_into_the_page_and_offers_the_result_for_download(server, 
     assert audio["error"] is None and audio["wav"] in ("maybe", "probably")
     assert audio["duration"] == pytest.approx(FRAMES * SAMPLES_PER_FRAME / 22050, abs=0.01)
 
-    page.wait_for_function("() => document.querySelector('#kani-status').innerText.includes('Done')")
+    wait_for_status(page, "Done")
     status = status_text(page)
     seconds = FRAMES * SAMPLES_PER_FRAME / 22050
     assert f"{seconds:.2f} s of audio" in status
@@ -234,9 +247,7 @@ def test_empty_text_and_a_refused_request_are_shown_as_errors(demo_url, page):
     page.fill("#kani-text textarea", TEXT)
     page.fill("#kani-max-new-tokens input", "100000")
     page.click("#kani-speak")
-    page.wait_for_function(
-        "() => document.querySelector('#kani-status').innerText.includes('max_new_tokens')", timeout=60_000
-    )
+    wait_for_status(page, "max_new_tokens", timeout=60_000)
     message = status_text(page)
     assert "Error" in message and "exceeds this model's limit" in message and "HTTP 400" in message
     assert "max_new_tokens" in page.inner_text("#kani-live-status")
