@@ -79,6 +79,14 @@ KANI_GIL_SWITCH_INTERVAL_MS = "KANI_GIL_SWITCH_INTERVAL_MS"
 # shares the GIL with the event loop. Wins over KANI_GIL_SWITCH_INTERVAL_MS there.
 KANI_MAIN_GIL_SWITCH_INTERVAL_MS = "KANI_MAIN_GIL_SWITCH_INTERVAL_MS"
 
+KANI_WAKE_ON_FINAL_OUTPUTS = "KANI_WAKE_ON_FINAL_OUTPUTS"
+
+
+def wake_on_final_outputs() -> bool:
+    """``KANI_WAKE_ON_FINAL_OUTPUTS=1``: the API server's output task waits for the orchestrator's put instead of
+    polling every millisecond (``engine/final_outputs.py``; off by default until served A/B'd on a GPU)."""
+    return _flag(KANI_WAKE_ON_FINAL_OUTPUTS)
+
 
 def gil_switch_interval_s(name: str = KANI_GIL_SWITCH_INTERVAL_MS) -> float | None:
     """The variable ``name`` (milliseconds) in seconds (``sys.setswitchinterval``'s unit), or None when unset or

@@ -904,6 +904,37 @@ def wait_for_replica_outputs() -> bool | None:
     StagePool.poll_llm_raw_output = poll_llm_raw_output
 
 
+@_patch(_vllm_omni_0_26)
+def wake_on_final_outputs() -> bool | None:
+    """vllm-omni 0.26.x, with ``KANI_WAKE_ON_FINAL_OUTPUTS=1``: the API server's task that routes the orchestrator's
+    outputs to requests waits for the orchestrator's next put instead of polling the output queue every millisecond
+    (``engine/final_outputs.py``).
+
+    ``AsyncOmniEngine.try_get_output_async`` returns None on an empty queue and ``AsyncOmni``'s output task sleeps
+    1 ms; with the patch a second empty read in a row waits (≤ 50 ms) and the put wakes it, so the event loop stops
+    taking the GIL from the orchestrator thread a thousand times a second while it waits. Off by default: on CPU it
+    took the event loop's CPU time down by up to half; the served effect is not yet measured (docs/BENCHMARKS.md).
+    Applied by ``register()`` in every process; it acts where an ``AsyncOmni`` runs (the API server).
+
+    Returns whether the patch is active.
+    """
+    from vllm_omni_kani.envs import wake_on_final_outputs as wanted
+
+    if not wanted():
+        return False
+    import janus
+    from vllm_omni.engine.async_omni_engine import AsyncOmniEngine
+
+    from vllm_omni_kani.engine.final_outputs import waiting_for_outputs
+
+    if not callable(getattr(AsyncOmniEngine, "try_get_output_async", None)) or not hasattr(
+        janus.Queue, "_put_internal"
+    ):
+        return False
+    # Wraps whatever is there (``trace_output_handoff`` may have wrapped it already, or wrap this later).
+    AsyncOmniEngine.try_get_output_async = waiting_for_outputs(AsyncOmniEngine.try_get_output_async)
+
+
 def _vllm_0_26() -> bool:
     return _vllm_version().startswith("0.26.")
 
@@ -1010,6 +1041,7 @@ def apply_all() -> list[str]:
             log_request_summaries_off_the_event_loop,
             shorten_dropped_output_warnings,
             wait_for_replica_outputs,
+            wake_on_final_outputs,
             unlink_shm_chunks_of_aborted_requests,
             poll_shm_chunks_from_one_listing,
             hand_stage0_codes_as_step_rows,
