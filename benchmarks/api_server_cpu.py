@@ -68,6 +68,8 @@ def main() -> None:
         "load_cpu_s_by_thread": load,
         "load_cpu_s_total": round(sum(load.values()), 3),
         "load_frames_per_s": [round(level["frames_per_s"], 1) for level in levels],
+        "load_ttfa_ms_p50": [round(level["ttfa_ms_p50"], 1) for level in levels],
+        "load_ttfa_ms_p95": [round(level["ttfa_ms_p95"], 1) for level in levels],
     }
     print(json.dumps(report, indent=1))
     if args.json:

@@ -19,6 +19,10 @@
 #   replicareads  four one-GPU servers at once: kani_tts.yaml on GPUs 0 and 3 (the orchestrator's output polls answered
 #              by one pending read per replica, wait_for_replica_outputs, shipped), and with vLLM-Omni's 1-ms polls
 #              (KANI_DISABLE_PATCHES) on GPUs 1 and 2; ONE4_SWEEPS, ONE4_LIMIT_S; first_wave.py for each
+#   apiwakes   four one-GPU servers at once: kani_tts.yaml with KANI_WAKE_ON_FINAL_OUTPUTS=1 (the API server's output
+#              task woken by the orchestrator's put) on GPUs 0 and 3, as shipped on GPU 1 (its 1-ms poll), and with
+#              vLLM-Omni's 1-ms polls at both ends of the orchestrator (KANI_DISABLE_PATCHES=wait_for_replica_outputs)
+#              on GPU 2; ONE4_SWEEPS, ONE4_LIMIT_S; first_wave.py for each
 #   listingab  the receiving connector's polls answered from one /dev/shm listing (poll_shm_chunks_from_one_listing,
 #              shipped) against vLLM-Omni's failed open per pending chunk (KANI_DISABLE_PATCHES), the same sweeps
 source "$(dirname "$0")/lib.sh"
@@ -126,6 +130,13 @@ for phase in "$@"; do
         "2 polls-b KANI_DISABLE_PATCHES=wait_for_replica_outputs kani_tts" "3 reads-b - kani_tts"
       first_waves reads polls polls-b reads-b
       pack replicareads ;;
+    apiwakes)
+      device_info
+      checkpoints
+      four_servers "0 wakes KANI_WAKE_ON_FINAL_OUTPUTS=1 kani_tts" "1 shipped - kani_tts" \
+        "2 polls KANI_DISABLE_PATCHES=wait_for_replica_outputs kani_tts" "3 wakes-b KANI_WAKE_ON_FINAL_OUTPUTS=1 kani_tts"
+      first_waves wakes shipped polls wakes-b
+      pack apiwakes ;;
     onegpu4)
       # Four one-GPU servers at once, one a GPU: the shipped kani_tts.yaml twice (GPUs 0 and 3: the spread between
       # two identical servers), with float32 codec audio (GPU 1) and with vLLM-Omni's connector polls instead of the
