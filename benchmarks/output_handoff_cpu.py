@@ -25,14 +25,13 @@ from typing import Any
 
 import janus
 from vllm_omni.engine.async_omni_engine import AsyncOmniEngine
+from vllm_omni.entrypoints.async_omni import _FINAL_OUTPUT_IDLE_SLEEP_S as IDLE_SLEEP_S  # the task's sleep when empty
 
 from vllm_omni_kani.benchmarks.bench_tts import percentile
 from vllm_omni_kani.engine.final_outputs import waiting_for_outputs
 
 VLLM_OMNI_READ = inspect.unwrap(AsyncOmniEngine.try_get_output_async)
 READS = {"polls": VLLM_OMNI_READ, "wakes": waiting_for_outputs(VLLM_OMNI_READ)}
-# AsyncOmni's output task sleeps this long after an empty read (vLLM-Omni 0.26's _FINAL_OUTPUT_IDLE_SLEEP_S).
-IDLE_SLEEP_S = 0.001
 
 
 class Engine:

@@ -115,16 +115,11 @@ def waiting_for_outputs(take: Callable[[Any], Awaitable[Any]]) -> Callable[[Any]
     @functools.wraps(take)
     async def try_get_output_async(self: Any) -> Any:
         message = await take(self)
-        if message is not None:
-            output_waker(self).empty_reads = 0
-            return message
         waker = output_waker(self)
-        waker.empty_reads += 1
-        if waker.empty_reads >= 2:
+        if message is None and waker.empty_reads:
             await waker.wait(IDLE_WAIT_S)
             message = await take(self)
-            if message is not None:
-                waker.empty_reads = 0
+        waker.empty_reads = 0 if message is not None else waker.empty_reads + 1
         return message
 
     return try_get_output_async
