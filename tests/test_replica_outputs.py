@@ -70,13 +70,34 @@ def test_another_replicas_output_ends_the_wait_at_once():
     assert other == "from 1"
 
 
+def test_a_replica_just_taken_keeps_a_read_pending_so_its_next_output_ends_a_wait():
+    # The orchestrator's pass takes a replica's output and goes on to poll the others; that replica's next output
+    # must end their waits too (on an H200 the codec's outputs waited behind Stage 0's polls without it: its first
+    # audio reached the orchestrator's queue 68-315 ms p50 after the codec made it, forty-second set).
+    async def run() -> tuple[object, object, float, object]:
+        reads, queues = _replicas(2)
+        queues[1].put_nowait("first")
+        taken = await _poll(reads, queues, 1, 1.0)
+        asyncio.get_running_loop().call_later(0.05, queues[1].put_nowait, "second")
+        start = time.perf_counter()
+        out = await _poll(reads, queues, 0, 10.0)
+        return taken, out, time.perf_counter() - start, await _poll(reads, queues, 1, 0.0)
+
+    taken, out, waited, second = asyncio.run(run())
+    assert taken == "first"
+    assert out is None and waited < 5.0  # not the 10-s bound
+    assert second == "second"
+
+
 def test_a_failed_read_raises_at_its_replicas_poll_and_the_next_poll_reads_again():
     async def run() -> object:
         reads = ReplicaReads()
         calls = iter([RuntimeError("engine dead"), "next"])
 
         async def read() -> object:
-            value = next(calls)
+            value = next(calls, None)
+            if value is None:  # the read started after "next" was taken: nothing more comes
+                await asyncio.Event().wait()
             if isinstance(value, Exception):
                 raise value
             return value
@@ -103,4 +124,4 @@ def test_a_dropped_replica_cancels_its_read_and_polls_leave_nothing_over_10000_r
         return cancelled, len(reads.reads)
 
     cancelled, left = asyncio.run(run())
-    assert cancelled and left == 0
+    assert cancelled and left == 2  # one read pending per replica, none piled up

@@ -5,8 +5,9 @@ its next outputs with ``StagePool.poll_llm_raw_output(replica_id, timeout_s=0.00
 in ``asyncio.wait_for``, a task and a 1-ms timer, and cancels it when nothing came; an idle pass then sleeps 1 ms.
 The orchestrator thread so wakes a few thousand times a second, each time taking the GIL from the API server's event
 loop, which shares its process (an idle server's orchestrator thread used ~11% of a core on this project's CPU
-machine). Here each replica keeps one read pending across polls (``ReplicaReads``); a poll whose read is done returns
-its result, and a poll that finds no read of the loop done waits until one is, or at most ``IDLE_WAIT_S``. Outputs
+machine). Here each replica keeps one read pending across polls (``ReplicaReads``), the next one started as soon as a
+result is taken; a poll whose read is done returns its result, and a poll that finds no read of the loop done waits
+until one is, or at most ``IDLE_WAIT_S``. Outputs
 reach the orchestrator as soon as any replica has one (the waiting poll returns, and the pass goes on to the replica
 whose read finished); an idle orchestrator wakes a few times a second.
 """
@@ -58,14 +59,20 @@ class ReplicaReads:
             pass
 
     async def take(self, key: tuple[int, int], start: Callable[[], Awaitable[Any]], timeout_s: float) -> Any:
-        """The replica's next result (None when its read is not done after waiting), its exception raised."""
+        """The replica's next result (None when its read is not done after waiting), its exception raised.
+
+        A result taken starts the replica's next read at once: the pass goes on to wait on other replicas, and this
+        one's next output must end those waits too (a replica with no read pending would sit unwatched until the
+        pass came back to it)."""
         task = self.read(key, start)
         if not task.done():
             await self.wait_any(timeout_s)
             if not task.done():
                 return None
         del self.reads[key]
-        return task.result()
+        result = task.result()  # a failed read raises here and leaves no read behind: the next poll starts one
+        self.read(key, start)
+        return result
 
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ReplicaReads] = weakref.WeakKeyDictionary()
