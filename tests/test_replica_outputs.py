@@ -118,7 +118,7 @@ def test_a_fast_replica_behind_slow_ones_is_read_as_its_outputs_come():
 
     delays = asyncio.run(run())
     # One taken a pass, but no wait leaves it unwatched (unwatched, they fell 8 s behind at the median here).
-    assert delays[len(delays) // 2] < 0.05
+    assert delays[len(delays) // 2] < 0.25
 
 
 def test_a_failed_read_raises_at_its_replicas_poll_and_the_next_poll_reads_again():
