@@ -7,9 +7,9 @@ The orchestrator thread so wakes a few thousand times a second, each time taking
 loop, which shares its process (an idle server's orchestrator thread used ~11% of a core on this project's CPU
 machine). Here each replica keeps one read pending across polls (``ReplicaReads``), the next one started as soon as a
 result is taken; a poll whose read is done returns its result, and a poll that finds no read of the loop done waits
-until one is, or at most ``IDLE_WAIT_S``. Outputs
-reach the orchestrator as soon as any replica has one (the waiting poll returns, and the pass goes on to the replica
-whose read finished); an idle orchestrator wakes a few times a second.
+until one is, or at most ``IDLE_WAIT_S``. Outputs reach the orchestrator as soon as any replica has one (the waiting
+poll returns, and the pass goes on to the replica whose read finished); an idle orchestrator wakes a few times a
+second.
 """
 
 from __future__ import annotations
