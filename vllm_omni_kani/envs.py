@@ -84,7 +84,7 @@ KANI_WAKE_ON_FINAL_OUTPUTS = "KANI_WAKE_ON_FINAL_OUTPUTS"
 
 def wake_on_final_outputs() -> bool:
     """``KANI_WAKE_ON_FINAL_OUTPUTS=1``: the API server's output task waits for the orchestrator's put instead of
-    polling every millisecond (``engine/final_outputs.py``; off by default until served A/B'd on a GPU)."""
+    polling every millisecond (``engine/final_outputs.py``; off: no resolved difference served on an H200)."""
     return _flag(KANI_WAKE_ON_FINAL_OUTPUTS)
 
 

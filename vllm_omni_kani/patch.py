@@ -913,7 +913,8 @@ def wake_on_final_outputs() -> bool | None:
     ``AsyncOmniEngine.try_get_output_async`` returns None on an empty queue and ``AsyncOmni``'s output task sleeps
     1 ms; with the patch a second empty read in a row waits (≤ 50 ms) and the put wakes it, so the event loop stops
     taking the GIL from the orchestrator thread a thousand times a second while it waits. Off by default: on CPU it
-    took the event loop's CPU time down by up to half; the served effect is not yet measured (docs/BENCHMARKS.md).
+    took the event loop's CPU time down by up to half; served on an H200 it made no resolved difference (forty-second
+    set, docs/BENCHMARKS.md).
     Applied by ``register()`` in every process; it acts where an ``AsyncOmni`` runs (the API server).
 
     Returns whether the patch is active.
