@@ -71,6 +71,9 @@ def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_p
     assert 0 < level["audio_s_total"] <= 2 * FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
     assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p90"] <= level["ttfa_ms_p95"]
     assert level["rtf_p50"] > 0 and level["realtime_x"] > 0 and level["frames_per_s"] > 0
+    # The client's own collections over the level, per generation (its heap was frozen before it).
+    assert [set(g) for g in level["client_gc"]] == [{"count", "total_ms", "max_ms"}] * 3
+    assert all(g["count"] >= 0 and 0 <= g["max_ms"] <= g["total_ms"] for g in level["client_gc"])
 
     markdown = (tmp_path / report.REPORT_MD).read_text()
     assert "| concurrency |" in markdown and "\n| 2 | 2 | 0 |" in markdown

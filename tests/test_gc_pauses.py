@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from vllm_omni_kani.gc_pauses import GcPauses, describe
+from vllm_omni_kani.gc_pauses import GcPauses, as_row, describe, freeze_heap
 
 
 def test_collections_are_counted_per_generation_and_a_take_starts_anew():
@@ -34,3 +34,30 @@ def test_a_dropped_meter_unhooks_itself():
     del pauses
     gc.collect()  # the hook finds its meter gone and removes itself
     assert len(gc.callbacks) == before
+
+
+def test_a_frozen_heap_is_left_out_of_later_full_collections():
+    """``freeze_heap`` (the bench client's, before every level): what lived before is no longer walked by a full
+    collection, what is allocated after still is, and the rows say per generation what the level's pauses were."""
+    held = [[i] for i in range(1000)]  # tracked containers
+    try:
+        freeze_heap()
+        assert gc.get_freeze_count() >= len(held)
+        later = [[i] for i in range(10)]
+        gc.collect(2)
+        walked = {id(o) for o in gc.get_objects(generation=2)}
+        assert not any(id(o) in walked for o in held)
+        assert all(id(o) in walked for o in later)
+    finally:
+        gc.unfreeze()
+    assert any(id(o) in {id(x) for x in gc.get_objects(generation=2)} for o in held)
+
+    pauses = GcPauses()
+    pauses.install()
+    try:
+        gc.collect(2)
+    finally:
+        pauses.uninstall()
+    row = as_row(pauses.take())
+    assert len(row) == 3 and row[2]["count"] == 1
+    assert 0 < row[2]["max_ms"] <= row[2]["total_ms"]

@@ -37,6 +37,7 @@ import httpx
 from vllm_omni_kani.benchmarks import report
 from vllm_omni_kani.entrypoints.openai.cancellation import REQUEST_ID_HEADER
 from vllm_omni_kani.entrypoints.openai.speech_guard import TRACE_HEADER
+from vllm_omni_kani.gc_pauses import GcPauses, as_row, freeze_heap
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FRAME_RATE, SAMPLE_RATE
 
 PCM_BYTES_PER_SAMPLE = 2  # response_format=pcm is 16-bit mono
@@ -209,10 +210,18 @@ async def run_level(
     async with contextlib.AsyncExitStack() as stack:
         for client in clients:
             await stack.enter_async_context(client)
+        # The client's own full collections would stop every stream at once, and they fell into the first wave's
+        # sending (docs/BENCHMARKS.md, forty-third set): the heap so far is frozen, and the level's pauses kept.
+        freeze_heap()
+        pauses = GcPauses()
+        pauses.install()
         start, cpu = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(worker(k, clients[k % len(clients)]) for k in range(streams)))
+        try:
+            await asyncio.gather(*(worker(k, clients[k % len(clients)]) for k in range(streams)))
+        finally:
+            pauses.uninstall()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-    row = summarize(results, concurrency, wall, client_cpu_s=cpu)
+    row = summarize(results, concurrency, wall, client_cpu_s=cpu, client_gc=as_row(pauses.take()))
     if stagger_s > 0:
         later = [r.ttfa_s * 1000.0 for r in results if r.ok and r.ttfa_s is not None and not r.first_of_stream]
         row |= {"stagger_s": stagger_s, "ttfa_ms_p50_later": percentile(later, 50)}
@@ -231,12 +240,17 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def summarize(
-    results: list[RequestResult], concurrency: int, wall_s: float, client_cpu_s: float | None = None
+    results: list[RequestResult],
+    concurrency: int,
+    wall_s: float,
+    client_cpu_s: float | None = None,
+    client_gc: list[dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """One level's row: latencies in ms, RTF = generation time / audio time, throughput over the level's wall time.
 
     ``client_cpu_share``: the client's CPU time over the wall time (near 1: the client's one event loop was busy
-    the whole level, and its own timings include waiting for it)."""
+    the whole level, and its own timings include waiting for it). ``client_gc``: the client's garbage collections
+    over the level, per generation (``gc_pauses.as_row``): one stops every stream's timing at once."""
     good = [r for r in results if r.ok]
     ttfa = [r.ttfa_s * 1000.0 for r in good if r.ttfa_s is not None]
     rtf = [r.total_s / r.audio_s for r in good if r.audio_s > 0]
@@ -261,6 +275,7 @@ def summarize(
         "realtime_x": audio / wall_s if wall_s > 0 else 0.0,
         "frames_per_s": audio * FRAME_RATE / wall_s if wall_s > 0 else 0.0,
         **({"client_cpu_share": client_cpu_s / wall_s} if client_cpu_s is not None and wall_s > 0 else {}),
+        **({"client_gc": client_gc} if client_gc is not None else {}),
         **({"trace": traces} if traces else {}),
     }
 
