@@ -149,6 +149,20 @@ def _print_segments(split: dict[str, list[float]], indent: str = "  ") -> None:
         print(f"{indent}{name:<66} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")
 
 
+def client_collections(level: dict) -> str | None:
+    """The bench client's own garbage collections over a level (its row's ``client_gc``, absent in older results): a
+    full one stops every stream's timing at once, so it belongs beside the segments it may have lengthened."""
+    rows = level.get("client_gc")
+    if not rows:
+        return None
+    full = rows[-1]
+    total = sum(row["total_ms"] for row in rows)
+    return (
+        f"the client's collections over the level: {full['count']} full, longest {full['max_ms']:.1f} ms; "
+        f"{total:.1f} ms in all"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("log", type=Path)
@@ -171,6 +185,8 @@ def main() -> None:
             ):
                 print(f"c={level['concurrency']} {wave} ({joined} traced requests)")
                 _print_segments(split)
+            if (line := client_collections(level)) is not None:
+                print(f"c={level['concurrency']} {line}")
         return
     stats = list(requests(args.log).values())
     lines = log_lines(args.log)
@@ -198,6 +214,8 @@ def main() -> None:
                 "client TTFA": {"p50": round(level["ttfa_ms_p50"], 1), "p95": round(level["ttfa_ms_p95"], 1)},
             }
         )
+        if (line := client_collections(level)) is not None:
+            out[-1]["client"] = line
         if level.get("trace"):
             split, joined = segments(level["trace"], points)
             out[-1]["traced requests joined"] = joined
@@ -209,6 +227,8 @@ def main() -> None:
         for key, value in row.items():
             if isinstance(value, dict):
                 print(f"  {key:<66} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")
+        if "client" in row:
+            print(f"  {row['client']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 

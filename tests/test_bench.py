@@ -124,6 +124,12 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
         for t in level["trace"]
     )
     assert 0 < level["client_cpu_share"] < 1.5
+    # The client's own collections over the level, printed beside the segments.
+    full = level["client_gc"][2]
+    assert ttfa_breakdown.client_collections(level).startswith(
+        f"the client's collections over the level: {full['count']} full"
+    )
+    assert ttfa_breakdown.client_collections({k: v for k, v in level.items() if k != "client_gc"}) is None
     log_resolution_ms = 1e-3  # the log prints microseconds
     for name, values in split.items():
         assert min(values) >= -log_resolution_ms, (name, values)
