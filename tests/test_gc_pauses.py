@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from vllm_omni_kani.gc_pauses import GcPauses, as_row, describe, freeze_heap
+from vllm_omni_kani.gc_pauses import GcPauses, as_row, census, describe, freeze_heap
 
 
 def test_collections_are_counted_per_generation_and_a_take_starts_anew():
@@ -61,3 +61,23 @@ def test_a_frozen_heap_is_left_out_of_later_full_collections():
     row = as_row(pauses.take())
     assert len(row) == 3 and row[2]["count"] == 1
     assert 0 < row[2]["max_ms"] <= row[2]["total_ms"]
+
+
+class _Kept:
+    """A type only this test makes: its count in the census is exactly what the test keeps alive."""
+
+
+def test_the_census_counts_what_a_full_collection_would_walk():
+    gc.collect()
+    kept = [_Kept() for _ in range(500)]
+    gc.collect()  # survivors move to the oldest generation
+    count, commonest = census(top=1000)
+    by_name = dict(commonest)
+    assert by_name[f"{__name__}._Kept"] == len(kept)
+    assert count >= len(kept) and count == len(gc.get_objects(2))
+    assert census(top=3)[1] == commonest[:3]
+    try:
+        freeze_heap()
+        assert f"{__name__}._Kept" not in dict(census(top=1000)[1])  # a frozen heap is not walked
+    finally:
+        gc.unfreeze()

@@ -15,7 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from vllm_omni_kani.entrypoints.loop_lag import LoopLagMeter
-from vllm_omni_kani.envs import KANI_LOOP_LAG_S, KANI_LOOP_STALL_MS, loop_lag_interval_s, loop_stall_threshold_s
+from vllm_omni_kani.envs import (
+    KANI_LOOP_GC_CENSUS,
+    KANI_LOOP_LAG_S,
+    KANI_LOOP_STALL_MS,
+    loop_gc_census,
+    loop_lag_interval_s,
+    loop_stall_threshold_s,
+)
 
 LINE = re.compile(r"kani api loop lag: p50 ([\d.]+) ms, p99 ([\d.]+) ms, max ([\d.]+) ms, late (\d+)% of ([\d.]+) s")
 BLOCK_S = 0.12
@@ -133,3 +140,25 @@ def test_stall_sampling_is_off_by_default(monkeypatch):
     monkeypatch.setenv(KANI_LOOP_STALL_MS, "x")
     with pytest.raises(ValueError, match="KANI_LOOP_STALL_MS='x': expected a number of milliseconds"):
         loop_stall_threshold_s()
+
+
+def test_the_gc_census_line_comes_only_when_asked(caplog, monkeypatch):
+    """``KANI_LOOP_GC_CENSUS=1``: each window also says what the oldest generation holds; off, no such line."""
+    caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.loop_lag")
+    census_line = re.compile(r"kani api gc census: (\d+) objects in the oldest generation, commonest: (\S.*)")
+
+    async def serve(**kwargs) -> None:
+        meter = LoopLagMeter(interval_s=0.1, **kwargs)
+        meter.ensure_started()
+        await asyncio.sleep(0.35)
+        meter.task.cancel()
+
+    asyncio.run(serve(gc_census=False))
+    assert not any(census_line.search(m) for m in caplog.messages)
+    monkeypatch.setenv(KANI_LOOP_GC_CENSUS, "1")
+    assert loop_gc_census()
+    kept = [[] for _ in range(100)]
+    gc.collect()  # these lists now sit in the oldest generation, even where an earlier test froze the heap
+    asyncio.run(serve())
+    found = [m for m in map(census_line.search, caplog.messages) if m]
+    assert found and all(int(m[1]) >= len(kept) for m in found)

@@ -118,6 +118,7 @@ def _seconds(name: str, unit: str = "seconds") -> float:
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
 KANI_LOOP_LAG_S = "KANI_LOOP_LAG_S"
 KANI_LOOP_STALL_MS = "KANI_LOOP_STALL_MS"
+KANI_LOOP_GC_CENSUS = "KANI_LOOP_GC_CENSUS"
 
 
 def step_stats_interval_s() -> float:
@@ -134,6 +135,13 @@ def loop_stall_threshold_s() -> float:
     """``KANI_LOOP_STALL_MS`` in seconds: with the loop-lag meter on, sample the loop thread's stack while the loop
     has not ticked for this long (0 or unset: off)."""
     return _seconds(KANI_LOOP_STALL_MS, "milliseconds") / 1000.0
+
+
+def loop_gc_census() -> bool:
+    """``KANI_LOOP_GC_CENSUS=1``: with the loop-lag meter on, also log each window what the API server's oldest
+    generation holds (its count and commonest types): what a full collection under load walks. It walks that
+    generation on the event loop once a window, so it is for diagnosis only."""
+    return _flag(KANI_LOOP_GC_CENSUS)
 
 
 KANI_STAGE0_SAMPLER_PATCHES = "KANI_STAGE0_SAMPLER_PATCHES"

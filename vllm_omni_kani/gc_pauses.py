@@ -12,6 +12,7 @@ import contextlib
 import gc
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,16 @@ def freeze_heap() -> None:
     this project's CPU machine, stopping whatever ran when it fell (docs/BENCHMARKS.md, forty-third set)."""
     gc.collect()
     gc.freeze()
+
+
+def census(generation: int = GENERATIONS - 1, top: int = 8) -> tuple[int, list[tuple[str, int]]]:
+    """The objects a collection of ``generation`` would walk now (a frozen heap is left out) and their ``top``
+    commonest types: under load, what the load keeps alive, and so what a full collection's pause is made of."""
+    objects = gc.get_objects(generation)
+    names = Counter(
+        t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}" for t in map(type, objects)
+    )
+    return len(objects), names.most_common(top)
 
 
 def as_row(window: list[GenerationPauses]) -> list[dict[str, float]]:

@@ -6,7 +6,9 @@ its coroutine waits while the event loop runs the other streams' work. This mete
 task asks to wake every ``TICK_S`` and notes how late it woke. Each window's line gives the lag's p50 / p99 / max
 and how much of the window the loop spent late, so a blocked loop shows up beside Stage 0's step line. Two more lines
 say what blocked it: the process's garbage collections in the window (``gc_pauses``), and, with
-``KANI_LOOP_STALL_MS``, the stacks the loop thread stood in while it was stalled (``loop_stalls``).
+``KANI_LOOP_STALL_MS``, the stacks the loop thread stood in while it was stalled (``loop_stalls``). With
+``KANI_LOOP_GC_CENSUS=1`` a third line says what the oldest generation holds, which is what a full collection walks
+(the start-up heap is frozen, so under load it is what the load keeps alive).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import logging
 import time
 
 from vllm_omni_kani.entrypoints.loop_stalls import LoopStallSampler
-from vllm_omni_kani.envs import loop_lag_interval_s, loop_stall_threshold_s
-from vllm_omni_kani.gc_pauses import GcPauses, describe
+from vllm_omni_kani.envs import loop_gc_census, loop_lag_interval_s, loop_stall_threshold_s
+from vllm_omni_kani.gc_pauses import GcPauses, census, describe
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +29,16 @@ TICK_S = 0.005
 class LoopLagMeter:
     """One task on the serving loop; started by the first request that passes the speech guard."""
 
-    def __init__(self, interval_s: float | None = None, tick_s: float = TICK_S, stall_s: float | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float | None = None,
+        tick_s: float = TICK_S,
+        stall_s: float | None = None,
+        gc_census: bool | None = None,
+    ) -> None:
         self.interval_s = loop_lag_interval_s() if interval_s is None else interval_s
         self.stall_s = loop_stall_threshold_s() if stall_s is None else stall_s
+        self.gc_census = loop_gc_census() if gc_census is None else gc_census
         self.tick_s = tick_s
         self.task: asyncio.Task | None = None
         self.gc = GcPauses()
@@ -78,6 +87,10 @@ class LoopLagMeter:
             len(ms),
         )
         logger.info("kani api gc: %s", describe(self.gc.take(), elapsed))
+        if self.gc_census:
+            count, commonest = census()
+            names = ", ".join(f"{name} {n}" for name, n in commonest)
+            logger.info("kani api gc census: %d objects in the oldest generation, commonest: %s", count, names)
         if self.stalls is None:
             return
         stalls, seconds, loop, others = self.stalls.take()
