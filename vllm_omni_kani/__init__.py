@@ -27,10 +27,11 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import gil_switch, logger, lora_patch, patch
+    from vllm_omni_kani import gc_threshold, gil_switch, logger, lora_patch, patch
 
     logger.route_to_vllm()
     gil_switch.apply_switch_interval()
+    gc_threshold.apply_gc_threshold()
 
     patch.apply_all()
     lora_patch.apply_all()

@@ -88,6 +88,32 @@ def wake_on_final_outputs() -> bool:
     return _flag(KANI_WAKE_ON_FINAL_OUTPUTS)
 
 
+KANI_MAIN_GC_THRESHOLD = "KANI_MAIN_GC_THRESHOLD"
+GC_THRESHOLD_FIELDS = 3  # gc.set_threshold's arguments: the allocations before a gen-0 collection, then two counts
+
+
+def main_gc_threshold() -> tuple[int, ...] | None:
+    """``KANI_MAIN_GC_THRESHOLD``: ``gc.set_threshold``'s arguments for the main process (the API server), one to
+    three comma-separated integers (``20000`` or ``20000,10,10``), or None when unset or empty.
+
+    Raises ValueError with the variable's name for anything else, and for a first value below 1 (0 would turn the
+    process's automatic collection off, leaking every reference cycle of a long-running server)."""
+    raw = os.environ.get(KANI_MAIN_GC_THRESHOLD, "").strip()
+    if not raw:
+        return None
+    parts = [part.strip() for part in raw.split(",")]
+    try:
+        values = tuple(int(part) for part in parts)
+    except ValueError:
+        values = ()
+    if not 1 <= len(values) <= GC_THRESHOLD_FIELDS or values[0] < 1 or min(values) < 0:
+        raise ValueError(
+            f"{KANI_MAIN_GC_THRESHOLD}={raw!r}: expected one to {GC_THRESHOLD_FIELDS} comma-separated integers, "
+            "the first positive (gc.set_threshold's arguments)"
+        )
+    return values
+
+
 def gil_switch_interval_s(name: str = KANI_GIL_SWITCH_INTERVAL_MS) -> float | None:
     """The variable ``name`` (milliseconds) in seconds (``sys.setswitchinterval``'s unit), or None when unset or
     empty.
