@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
-from vllm_omni_kani.gc_pauses import GcPauses, as_row, census, describe, freeze_heap
+from vllm_omni_kani.gc_pauses import Census, GcPauses, as_row, census, describe, freeze_heap
 
 
 def test_collections_are_counted_per_generation_and_a_take_starts_anew():
@@ -73,9 +74,9 @@ def test_the_census_counts_what_a_full_collection_would_walk():
     gc.collect()  # survivors move to the oldest generation
     gc.disable()  # no collection between the calls below may move objects into the oldest generation
     try:
-        count, commonest = census(top=1000)
+        count, commonest, _ = census(top=1000)
         walked = len(gc.get_objects(2))
-        top3 = census(top=3)[1]
+        top3 = census(top=3).commonest
     finally:
         gc.enable()
     by_name = dict(commonest)
@@ -84,6 +85,41 @@ def test_the_census_counts_what_a_full_collection_would_walk():
     assert top3 == commonest[:3]
     try:
         freeze_heap()
-        assert f"{__name__}._Kept" not in dict(census(top=1000)[1])  # a frozen heap is not walked
+        assert f"{__name__}._Kept" not in dict(census(top=1000).commonest)  # a frozen heap is not walked
     finally:
         gc.unfreeze()
+
+
+async def _parked(event: asyncio.Event) -> None:
+    await event.wait()
+
+
+def _numbers():
+    yield 1
+
+
+def test_the_census_names_the_suspended_frames_by_their_code():
+    """Coroutines and generators kept alive are counted by their code's qualified name and file, so a census under
+    load says whose state the in-flight requests keep, not only "coroutine"."""
+
+    async def park_all() -> Census:
+        event = asyncio.Event()
+        tasks = [asyncio.create_task(_parked(event)) for _ in range(30)]
+        await asyncio.sleep(0)  # each coroutine now waits in _parked
+        gens = [_numbers() for _ in range(20)]
+        gc.collect()  # the survivors move to the oldest generation
+        gc.disable()
+        try:
+            found = census(top=1000)
+        finally:
+            gc.enable()
+        event.set()
+        await asyncio.gather(*tasks)
+        del gens
+        return found
+
+    found = asyncio.run(park_all())
+    frames = dict(found.suspended)
+    assert frames["_parked (test_gc_pauses.py)"] == 30
+    assert frames["_numbers (test_gc_pauses.py)"] == 20
+    assert dict(found.commonest).get("coroutine", 0) >= 30

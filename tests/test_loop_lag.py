@@ -145,7 +145,9 @@ def test_stall_sampling_is_off_by_default(monkeypatch):
 def test_the_gc_census_line_comes_only_when_asked(caplog, monkeypatch):
     """``KANI_LOOP_GC_CENSUS=1``: each window also says what the oldest generation holds; off, no such line."""
     caplog.set_level(logging.INFO, logger="vllm_omni_kani.entrypoints.loop_lag")
-    census_line = re.compile(r"kani api gc census: (\d+) objects in the oldest generation, commonest: (\S.*)")
+    census_line = re.compile(
+        r"kani api gc census: (\d+) objects in the oldest generation, commonest: (\S.*); suspended: (\S.*)"
+    )
 
     async def serve(**kwargs) -> None:
         meter = LoopLagMeter(interval_s=0.1, **kwargs)

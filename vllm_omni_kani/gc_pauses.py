@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import AsyncGeneratorType, CoroutineType, GeneratorType
+from typing import NamedTuple
 
 GENERATIONS = 3
 
@@ -88,14 +91,44 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def census(generation: int = GENERATIONS - 1, top: int = 8) -> tuple[int, list[tuple[str, int]]]:
-    """The objects a collection of ``generation`` would walk now (a frozen heap is left out) and their ``top``
-    commonest types: under load, what the load keeps alive, and so what a full collection's pause is made of."""
+class Census(NamedTuple):
+    """What a collection of one generation would walk: how many objects, the commonest types, and the commonest
+    suspended frames among them (coroutines, async generators, generators, by their code), which name the code that
+    keeps a request's state alive where the types alone say only "coroutine"."""
+
+    count: int
+    commonest: list[tuple[str, int]]
+    suspended: list[tuple[str, int]]
+
+
+def _type_name(t: type) -> str:
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _frame_name(obj: object) -> str | None:
+    """``qualname (file)`` of a coroutine's, async generator's or generator's code; None for anything else (no
+    attribute of an arbitrary object is read, not even ``__class__``: a proxy could run anything). These three types
+    cannot be subclassed, so the exact type says it."""
+    kind = type(obj)
+    if kind is CoroutineType:
+        code = obj.cr_code
+    elif kind is AsyncGeneratorType:
+        code = obj.ag_code
+    elif kind is GeneratorType:
+        code = obj.gi_code
+    else:
+        return None
+    return f"{code.co_qualname} ({os.path.basename(code.co_filename)})"
+
+
+def census(generation: int = GENERATIONS - 1, top: int = 8) -> Census:
+    """The objects a collection of ``generation`` would walk now (a frozen heap is left out), their ``top``
+    commonest types and suspended frames: under load, what the load keeps alive, and so what a full collection's
+    pause is made of."""
     objects = gc.get_objects(generation)
-    names = Counter(
-        t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}" for t in map(type, objects)
-    )
-    return len(objects), names.most_common(top)
+    types = Counter(map(_type_name, map(type, objects)))
+    frames = Counter(name for name in map(_frame_name, objects) if name is not None)
+    return Census(len(objects), types.most_common(top), frames.most_common(top))
 
 
 def as_row(window: list[GenerationPauses]) -> list[dict[str, float]]:

@@ -88,9 +88,13 @@ class LoopLagMeter:
         )
         logger.info("kani api gc: %s", describe(self.gc.take(), elapsed))
         if self.gc_census:
-            count, commonest = census()
-            names = ", ".join(f"{name} {n}" for name, n in commonest)
-            logger.info("kani api gc census: %d objects in the oldest generation, commonest: %s", count, names)
+            found = census()
+            logger.info(
+                "kani api gc census: %d objects in the oldest generation, commonest: %s; suspended: %s",
+                found.count,
+                ", ".join(f"{name} {n}" for name, n in found.commonest),
+                ", ".join(f"{name} {n}" for name, n in found.suspended) or "none",
+            )
         if self.stalls is None:
             return
         stalls, seconds, loop, others = self.stalls.take()
