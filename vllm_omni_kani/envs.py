@@ -141,6 +141,16 @@ def _seconds(name: str, unit: str = "seconds") -> float:
     return max(value, 0.0)
 
 
+KANI_SUBMIT_YIELD_US = "KANI_SUBMIT_YIELD_US"
+
+
+def submit_yield_s() -> float:
+    """``KANI_SUBMIT_YIELD_US`` in seconds: the API server's thread sleeps this long after it queues an engine
+    request, handing the GIL to the orchestrator thread that forwards it (``engine/submit_yield.py``; 0 or unset:
+    off)."""
+    return _seconds(KANI_SUBMIT_YIELD_US, "microseconds") / 1e6
+
+
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
 KANI_LOOP_LAG_S = "KANI_LOOP_LAG_S"
 KANI_LOOP_STALL_MS = "KANI_LOOP_STALL_MS"

@@ -936,6 +936,31 @@ def wake_on_final_outputs() -> bool | None:
     AsyncOmniEngine.try_get_output_async = waiting_for_outputs(AsyncOmniEngine.try_get_output_async)
 
 
+@_patch(_api_server_loaded)
+def yield_gil_after_submit() -> bool | None:
+    """vllm-omni 0.26.x, with ``KANI_SUBMIT_YIELD_US``: after ``AsyncOmniEngine.add_request`` queues a request for
+    the orchestrator thread, the calling thread sleeps that long so the orchestrator takes the GIL and forwards it to
+    Stage 0 at once, instead of after the busy event loop's next forced switch (``engine/submit_yield.py``).
+    Off by default; only in the API server process, where the orchestrator runs as a thread.
+
+    Returns whether the patch is active.
+    """
+    from vllm_omni_kani.envs import submit_yield_s
+
+    seconds = submit_yield_s()
+    if seconds <= 0:
+        return False
+    from vllm_omni.engine.async_omni_engine import AsyncOmniEngine
+
+    from vllm_omni_kani.engine.submit_yield import yielding_after_submit
+
+    if not callable(getattr(AsyncOmniEngine, "add_request", None)):
+        return False
+    # Wraps whatever is there (``trace_output_handoff`` notes the queueing first when it is applied before this).
+    AsyncOmniEngine.add_request = yielding_after_submit(AsyncOmniEngine.add_request, seconds)
+    logger.info("submit yield: %.0f us after each engine request is queued", seconds * 1e6)
+
+
 def _vllm_0_26() -> bool:
     return _vllm_version().startswith("0.26.")
 
@@ -1043,6 +1068,7 @@ def apply_all() -> list[str]:
             shorten_dropped_output_warnings,
             wait_for_replica_outputs,
             wake_on_final_outputs,
+            yield_gil_after_submit,
             unlink_shm_chunks_of_aborted_requests,
             poll_shm_chunks_from_one_listing,
             hand_stage0_codes_as_step_rows,
