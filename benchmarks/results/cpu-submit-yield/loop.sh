@@ -7,7 +7,7 @@ cd /work/main || exit 1
 i=0 port=18261
 for side in off y100 off y100; do
   i=$((i+1)); n=$side-$i; d=/tmp/csy/$n; mkdir -p "$d"
-  case $side in off) us=0 ;; y100) us=100 ;; y500) us=500 ;; esac
+  case $side in off) us=0 ;; y100) us=100 ;; esac
   KANI_SUBMIT_YIELD_US=$us KANI_TRACE_FIRST_OUTPUTS=1 .venv/bin/vllm serve /tmp/ck-tiny --omni \
     --deploy-config stage_configs/kani_tts_cpu.yaml --host 127.0.0.1 --port $port > "$d/serve.log" 2>&1 &
   pid=$!
