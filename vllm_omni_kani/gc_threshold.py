@@ -1,8 +1,8 @@
 """The main process's garbage-collector thresholds, from ``KANI_MAIN_GC_THRESHOLD`` (off unless set).
 
 The API server's process runs the event loop and vLLM-Omni's orchestrator thread under one GIL, and a collection
-stops both. Served on an H200 at 256 streams it ran 13-23 gen-1 collections of up to 13.5 ms and one or two full
-ones of 49-81 ms every 5 s: the in-flight requests keep ~340 tracked objects each alive (lists, closures' cells,
+stops both. Served on an H200 at 256 streams it ran 6-23 gen-1 collections of up to 13.5 ms and one or two full
+ones of 49-81 ms every 5 s: the in-flight streams keep 200-370 tracked objects each alive (lists, closures' cells,
 suspended coroutines, bound methods, deques), 72,000-88,000 at 256 streams, and each full collection walks them all
 (docs/BENCHMARKS.md, forty-fourth set). CPython collects generation 0 after 700 net allocations of tracked objects,
 generation 1 after 10 of those and the oldest after 10 of generation 1's (once it has grown by a quarter). A larger
