@@ -1,5 +1,6 @@
 """``KANI_SUBMIT_YIELD_US``: the thread that queued an engine request lets another thread take the GIL before it
-goes on (a served check is in ``test_serving.py``'s flattened server)."""
+goes on (served checks in ``test_serving.py``: on by default in the shipped server, off with 0 in the flattened
+one)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import pytest
 
 from vllm_omni_kani.engine.submit_yield import yielding_after_submit
-from vllm_omni_kani.envs import KANI_SUBMIT_YIELD_US, submit_yield_s
+from vllm_omni_kani.envs import DEFAULT_SUBMIT_YIELD_US, KANI_SUBMIT_YIELD_US, submit_yield_s
 
 # Long enough for a woken thread to be scheduled even on a loaded 2-core CI machine; no time is asserted.
 YIELD_S = 0.5
@@ -39,10 +40,20 @@ def test_the_woken_thread_runs_before_the_submitting_call_returns():
         thread.join()
 
 
-@pytest.mark.parametrize(("raw", "seconds"), [("", 0.0), ("0", 0.0), ("100", 1e-4), (" 250 ", 2.5e-4)])
+@pytest.mark.parametrize(("raw", "seconds"), [("0", 0.0), ("-5", 0.0), ("100", 1e-4), (" 250 ", 2.5e-4)])
 def test_the_variable_is_read_in_microseconds(monkeypatch, raw, seconds):
     monkeypatch.setenv(KANI_SUBMIT_YIELD_US, raw)
     assert submit_yield_s() == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("raw", [None, "", "  "])
+def test_unset_or_empty_takes_the_default(monkeypatch, raw):
+    """On unless turned off with 0 (the shipped server's setting; ``test_serving.py`` checks it served)."""
+    if raw is None:
+        monkeypatch.delenv(KANI_SUBMIT_YIELD_US, raising=False)
+    else:
+        monkeypatch.setenv(KANI_SUBMIT_YIELD_US, raw)
+    assert submit_yield_s() == pytest.approx(DEFAULT_SUBMIT_YIELD_US / 1e6)
 
 
 def test_a_bad_value_names_the_variable(monkeypatch):

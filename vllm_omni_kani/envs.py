@@ -142,12 +142,18 @@ def _seconds(name: str, unit: str = "seconds") -> float:
 
 
 KANI_SUBMIT_YIELD_US = "KANI_SUBMIT_YIELD_US"
+# Served on one H200 against 0 (docs/BENCHMARKS.md, forty-fifth set): a wave's requests reached Stage 0 23-28 ms
+# p50 after being queued instead of 64-69, and 64-frame requests at 256 streams gave 9,247-9,767 frames/s against
+# 8,073-8,456.
+DEFAULT_SUBMIT_YIELD_US = 100.0
 
 
 def submit_yield_s() -> float:
-    """``KANI_SUBMIT_YIELD_US`` in seconds: the API server's thread sleeps this long after it queues an engine
-    request, handing the GIL to the orchestrator thread that forwards it (``engine/submit_yield.py``; 0 or unset:
-    off)."""
+    """``KANI_SUBMIT_YIELD_US`` in seconds (unset or empty: ``DEFAULT_SUBMIT_YIELD_US``; 0: off): the API server's
+    thread sleeps this long after it queues an engine request, handing the GIL to the orchestrator thread that
+    forwards it (``engine/submit_yield.py``)."""
+    if not os.environ.get(KANI_SUBMIT_YIELD_US, "").strip():
+        return DEFAULT_SUBMIT_YIELD_US / 1e6
     return _seconds(KANI_SUBMIT_YIELD_US, "microseconds") / 1e6
 
 

@@ -11,8 +11,11 @@ intake of the wave as much (``KANI_MAIN_GIL_SWITCH_INTERVAL_MS``).
 
 With ``KANI_SUBMIT_YIELD_US=N`` the thread that queued a request sleeps N microseconds right after the put
 (``time.sleep`` releases the GIL): the woken orchestrator thread takes the GIL in that window, forwards the request
-and returns to its wait, and the loop goes on. Off by default; N is the time the orchestrator thread needs to wake
-from its wait (a few tens of microseconds on an idle core). A put it does not wake for in time costs the loop N.
+and returns to its wait, and the loop goes on. N is the time the orchestrator thread needs to wake from its wait (a
+few tens of microseconds on an idle core); a put it does not wake for in time costs the loop N. On by default at
+100 us (``envs.DEFAULT_SUBMIT_YIELD_US``): served on one H200 against 0, a 64-request wave's requests reached Stage 0
+23-28 ms p50 after being queued instead of 64-69, and 64-frame requests at 256 streams gave 14% more frames/s
+(forty-fifth set). ``KANI_SUBMIT_YIELD_US=0`` turns it off.
 """
 
 from __future__ import annotations
