@@ -151,6 +151,11 @@
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
+#   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256), each run compiled afresh in
+#            a compile cache of its own as a machine's first server does, with Inductor's deterministic mode (det-*:
+#            reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default (default-*);
+#            then the code agreement of det-a/det-b, default-a/default-b and det-a/default-a. DET_RUNS picks the runs
+#            (default "det-a det-b default-a default-b"; ~2-3 min each: send them over two calls)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -760,6 +765,29 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
       serve_sweeps 0 codec-budget64 "$CK/par" stage_configs/kani_tts_codec_budget64.yaml 420 64:256 250:256
       cleanup
       pack budget ;;
+    detcompile)
+      # A fresh machine's two Stage-0 engines disagreed twice on a greedy request (forty-fifth set): does the
+      # deterministic mode hold two fresh compiles together, and what does its step cost?
+      checkpoints
+      det_yaml="$R/kani_tts_lm_det.yaml"
+      python3 -m vllm_omni_kani.benchmarks.variants benchmarks/configs/kani_tts_lm.yaml "$det_yaml" \
+        "stages.0.compilation_config.inductor_compile_config={deterministic: true, combo_kernels: true, benchmark_combo_kernel: false}" \
+        > /dev/null
+      for run in ${DET_RUNS:-det-a det-b default-a default-b}; do
+        yaml=benchmarks/configs/kani_tts_lm.yaml
+        case $run in det-*) yaml=$det_yaml ;; esac
+        rm -rf "/tmp/vc-$run"
+        step "$run" 280 env VLLM_CACHE_ROOT="/tmp/vc-$run" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
+          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes --label "$run" --out "$R"
+        cleanup
+        pack detcompile
+      done
+      for pair in "det-a det-b" "default-a default-b" "det-a default-a"; do
+        read -r a b <<< "$pair"
+        [ -f "$R/$a.json" ] && [ -f "$R/$b.json" ] && step "agreement-$a-$b" 60 python3 -m \
+          vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
+      done
+      pack detcompile ;;
     int4)
       checkpoints
       for v in par flat; do
