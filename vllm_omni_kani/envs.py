@@ -142,9 +142,7 @@ def _seconds(name: str, unit: str = "seconds") -> float:
 
 
 KANI_SUBMIT_YIELD_US = "KANI_SUBMIT_YIELD_US"
-# Served on one H200 against 0 (docs/BENCHMARKS.md, forty-fifth set): a wave's requests reached Stage 0 23-28 ms
-# p50 after being queued instead of 64-69, and 64-frame requests at 256 streams gave 9,247-9,767 frames/s against
-# 8,073-8,456.
+# On unless set to 0: served against 0 on one H200 (engine/submit_yield.py; docs/BENCHMARKS.md, forty-fifth set).
 DEFAULT_SUBMIT_YIELD_US = 100.0
 
 

@@ -939,9 +939,10 @@ def wake_on_final_outputs() -> bool | None:
 @_patch(_api_server_loaded)
 def yield_gil_after_submit() -> bool | None:
     """vllm-omni 0.26.x: after ``AsyncOmniEngine.add_request`` queues a request for the orchestrator thread, the
-    calling thread sleeps ``KANI_SUBMIT_YIELD_US`` (100 by default) so the orchestrator takes the GIL and forwards it
-    to Stage 0 at once, instead of after the busy event loop's next forced switch (``engine/submit_yield.py``).
-    ``KANI_SUBMIT_YIELD_US=0`` turns it off; only in the API server process, where the orchestrator runs as a thread.
+    calling thread sleeps ``KANI_SUBMIT_YIELD_US`` (``envs.DEFAULT_SUBMIT_YIELD_US`` when unset) so the orchestrator
+    takes the GIL and forwards it to Stage 0 at once, instead of after the busy event loop's next forced switch
+    (``engine/submit_yield.py``). ``KANI_SUBMIT_YIELD_US=0`` turns it off; only in the API server process, where the
+    orchestrator runs as a thread.
 
     Returns whether the patch is active.
     """

@@ -14,7 +14,7 @@ With ``KANI_SUBMIT_YIELD_US=N`` the thread that queued a request sleeps N micros
 and returns to its wait, and the loop goes on. N is the time the orchestrator thread needs to wake from its wait (a
 few tens of microseconds on an idle core); a put it does not wake for in time costs the loop N. On by default at
 100 us (``envs.DEFAULT_SUBMIT_YIELD_US``): served on one H200 against 0, a 64-request wave's requests reached Stage 0
-23-28 ms p50 after being queued instead of 64-69, and 64-frame requests at 256 streams gave 14% more frames/s
+23-28 ms p50 after being queued instead of 64-69, and 64-frame requests at 256 streams gave 9-21% more frames/s
 (forty-fifth set). ``KANI_SUBMIT_YIELD_US=0`` turns it off.
 """
 
