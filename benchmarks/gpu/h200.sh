@@ -671,6 +671,7 @@ for phase in "$@"; do
       served_env "${SERVED_ENV_LABEL:-env}" "${SERVED_ENV:?SERVED_ENV=KEY=VALUE...}" "${SERVED_ENV_LIMIT_S:-330}" ;;
     abenv)
       checkpoints
+      [ -f "$R/device.txt" ] || device_info
       i=$(find "$R" -maxdepth 1 -name 'serve-*-[0-9]*.log' | wc -l)
       case " ${AB_ORDER:-env shipped env} " in
         *" env "*) [ -n "${SERVED_ENV:-}${SERVED_YAML:-}${SERVED_CHANGES:-}" ] \
@@ -769,6 +770,7 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
       # A fresh machine's two Stage-0 engines disagreed twice on a greedy request (forty-fifth set): does the
       # deterministic mode hold two fresh compiles together, and what does its step cost?
       checkpoints
+      [ -f "$R/device.txt" ] || device_info
       det_yaml="$R/kani_tts_lm_det.yaml"
       python3 -m vllm_omni_kani.benchmarks.variants benchmarks/configs/kani_tts_lm.yaml "$det_yaml" \
         "stages.0.compilation_config.inductor_compile_config={deterministic: true, combo_kernels: true, benchmark_combo_kernel: false}" \

@@ -82,6 +82,8 @@ pack() {
   if [ -n "$caches" ]; then
     # shellcheck disable=SC2086
     tar -C /tmp -czf "$OUT/.jit-cache.tgz.part" $caches && mv -f "$OUT/.jit-cache.tgz.part" "$OUT/jit-cache.tgz"
+    # Whether it can come back (a returned file's limit) to be carried as .devjit/jit-cache.tgz.
+    echo "jit-cache.tgz: $(du -m "$OUT/jit-cache.tgz" | cut -f1) MiB"
   fi
   rm -f "$OUT"/.*.part
 }
@@ -91,6 +93,8 @@ device_info() {
   python3 -c "import torch, vllm, vllm_omni, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, \
 'vllm_omni', vllm_omni.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())" \
     2>&1 | tail -1 | tee -a "$R/device.txt"
+  # The host's CPU: instances of one kind differ in it, and the API server's Python runs on it.
+  lscpu | grep -E "^(CPU\(s\)|Model name):" | tee -a "$R/device.txt"
 }
 
 checkpoints() {
