@@ -151,11 +151,13 @@
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
-#   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256), each run compiled afresh in
-#            a compile cache of its own as a machine's first server does, with Inductor's deterministic mode (det-*:
-#            reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default (default-*);
-#            then the code agreement of det-a/det-b, default-a/default-b and det-a/default-a. DET_RUNS picks the runs
-#            (default "det-a det-b default-a default-b"; ~2-3 min each: send them over two calls)
+#   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256) with Inductor's deterministic
+#            mode (det-*: reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default
+#            (default-*). A run named X-a or X-b compiles afresh in a compile cache of its own, as a machine's first
+#            server's first engine does; X-a2 then loads X-a's compiled graph, as its second engine does. Then the code
+#            agreement of each pair that ran: X-a/X-a2 (a fresh server's two engines), X-a/X-b (two fresh compiles),
+#            det-a/default-a (what the mode changes). DET_RUNS picks the runs (default "det-a det-a2 det-b default-a
+#            default-a2 default-b"; ~1-3 min each: send them over two calls)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -775,16 +777,17 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
       python3 -m vllm_omni_kani.benchmarks.variants benchmarks/configs/kani_tts_lm.yaml "$det_yaml" \
         "stages.0.compilation_config.inductor_compile_config={deterministic: true, combo_kernels: true, benchmark_combo_kernel: false}" \
         > /dev/null
-      for run in ${DET_RUNS:-det-a det-b default-a default-b}; do
+      for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
         yaml=benchmarks/configs/kani_tts_lm.yaml
         case $run in det-*) yaml=$det_yaml ;; esac
-        rm -rf "/tmp/vc-$run"
-        step "$run" 280 env VLLM_CACHE_ROOT="/tmp/vc-$run" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
+        cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
+        [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
+        step "$run" 280 env VLLM_CACHE_ROOT="$cache" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
           --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes --label "$run" --out "$R"
         cleanup
         pack detcompile
       done
-      for pair in "det-a det-b" "default-a default-b" "det-a default-a"; do
+      for pair in "det-a det-a2" "default-a default-a2" "det-a det-b" "default-a default-b" "det-a default-a"; do
         read -r a b <<< "$pair"
         [ -f "$R/$a.json" ] && [ -f "$R/$b.json" ] && step "agreement-$a-$b" 60 python3 -m \
           vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
