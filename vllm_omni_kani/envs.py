@@ -131,11 +131,12 @@ def gil_switch_interval_s(name: str = KANI_GIL_SWITCH_INTERVAL_MS) -> float | No
     return value / 1000.0
 
 
-def _seconds(name: str, unit: str = "seconds") -> float:
-    """The variable ``name`` as a number (of ``unit``), 0 when unset or negative; ValueError naming it otherwise."""
+def _seconds(name: str, unit: str = "seconds", default: float = 0.0) -> float:
+    """The variable ``name`` as a number (of ``unit``), ``default`` when unset or empty, 0 when negative; ValueError
+    naming it otherwise."""
     raw = os.environ.get(name, "").strip()
     try:
-        value = float(raw) if raw else 0.0
+        value = float(raw) if raw else default
     except ValueError as exc:
         raise ValueError(f"{name}={raw!r}: expected a number of {unit}") from exc
     return max(value, 0.0)
@@ -150,9 +151,7 @@ def submit_yield_s() -> float:
     """``KANI_SUBMIT_YIELD_US`` in seconds (unset or empty: ``DEFAULT_SUBMIT_YIELD_US``; 0: off): the API server's
     thread sleeps this long after it queues an engine request, handing the GIL to the orchestrator thread that
     forwards it (``engine/submit_yield.py``)."""
-    if not os.environ.get(KANI_SUBMIT_YIELD_US, "").strip():
-        return DEFAULT_SUBMIT_YIELD_US / 1e6
-    return _seconds(KANI_SUBMIT_YIELD_US, "microseconds") / 1e6
+    return _seconds(KANI_SUBMIT_YIELD_US, "microseconds", DEFAULT_SUBMIT_YIELD_US) / 1e6
 
 
 KANI_STEP_STATS_S = "KANI_STEP_STATS_S"
