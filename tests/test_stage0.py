@@ -76,6 +76,29 @@ def test_greedy_frames_equal_hf_reference(parallel_omni, tiny_parallel):
         assert len(set(got[:, 1].tolist())) > 8  # the heads really produce varied codes
 
 
+def test_step_time_codes_alone_decode_one_prompt_a_step_and_equal_the_hf_reference(
+    parallel_omni, tiny_parallel, monkeypatch
+):
+    """``step_time --codes --codes-alone`` (the GPU suite's compile-agreement runs): each prompt goes to the engine on
+    its own, so its steps have one row as a served e2e request's do, and its frames are the reference's."""
+    from vllm_omni_kani.benchmarks import step_time
+
+    monkeypatch.setattr(step_time, "CODES_PROMPTS", 3)
+    sizes: list[int] = []
+
+    def generate(prompts, params):
+        sizes.append(len(prompts))
+        return _run(parallel_omni, prompts, params)
+
+    got = step_time.greedy_frames(generate, alone=True)
+    assert sizes == [1, 1, 1]
+    ref_model = ParallelHeadLfm2ForCausalLM.from_pretrained(tiny_parallel, dtype=torch.float32).eval()
+    for prompt, frames in zip(step_time.prompts(3, offset=500), got, strict=True):
+        want = generate_frames(ref_model, prompt, step_time.CODES_FRAMES).numpy()
+        np.testing.assert_array_equal(np.asarray(frames).reshape(-1, tl.NUM_CODEBOOKS), want[: len(frames)])
+        assert 0 < len(frames) <= len(want)
+
+
 def test_seeded_sampling_is_reproducible_and_batch_independent(parallel_omni):
     """Every request owns a generator seeded from its params: same seed, same frames, whoever shares the batch (the
     codebook-1 and code-head noise both hashed from seed and step, the defaults)."""

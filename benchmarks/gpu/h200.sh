@@ -157,7 +157,8 @@
 #            server's first engine does; X-a2 then loads X-a's compiled graph, as its second engine does. Then the code
 #            agreement of each pair that ran: X-a/X-a2 (a fresh server's two engines), X-a/X-b (two fresh compiles),
 #            det-a/default-a (what the mode changes). DET_RUNS picks the runs (default "det-a det-a2 det-b default-a
-#            default-a2 default-b"; ~1-3 min each: send them over two calls)
+#            default-a2 default-b"; ~1-3 min each: send them over two calls). Codes are decoded one prompt at a time
+#            (--codes-alone): a batch's rows are not batch-invariant, so two runs of one compiled graph differed there
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -783,7 +784,7 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
         [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
         step "$run" 280 env VLLM_CACHE_ROOT="$cache" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
-          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes --label "$run" --out "$R"
+          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes --codes-alone --label "$run" --out "$R"
         cleanup
         pack detcompile
       done

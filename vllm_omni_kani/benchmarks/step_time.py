@@ -196,15 +196,20 @@ def profile_steps(
         log(f"profile {mode}, batch {batch}: {len(tables)} table(s) -> {dest / mode}", flush=True)
 
 
-def greedy_frames(generate: Callable[..., list[Any]]) -> list[list[list[int]]]:
-    """``CODES_FRAMES`` greedy frames of ``CODES_PROMPTS`` fixed prompts, decoded as one batch."""
+def greedy_frames(generate: Callable[..., list[Any]], alone: bool = False) -> list[list[list[int]]]:
+    """``CODES_FRAMES`` greedy frames of ``CODES_PROMPTS`` fixed prompts, decoded as one batch, or one prompt at a time
+    with ``alone``. A batch's rows are not batch-invariant: how the engine happens to split its prefill and which rows
+    are still running pick the kernels, so two runs of the same kernels can differ. Alone, every step has one row, as
+    the served e2e check's requests do, and only the kernels themselves can make two runs differ."""
     from vllm import SamplingParams
 
     from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import frames_from_parallel_output
 
     sp = SamplingParams(max_tokens=CODES_FRAMES, temperature=0.0, detokenize=False, stop_token_ids=[tl.END_OF_SPEECH])
+    batch = prompts(CODES_PROMPTS, offset=500)
+    outs = [out for p in batch for out in generate([p], sp)] if alone else generate(batch, sp)
     frames = []
-    for out in generate(prompts(CODES_PROMPTS, offset=500), sp):
+    for out in outs:
         packed = np.asarray(out.multimodal_output["codes"]["audio"])
         token_ids = list(out.request_output.outputs[0].token_ids)
         frames.append(frames_from_parallel_output(token_ids, packed).tolist())
@@ -261,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")
     parser.add_argument("--codes", action="store_true", help="record greedy frames (omni engine, parallel heads)")
     parser.add_argument(
+        "--codes-alone", action="store_true", help="with --codes: decode each prompt alone (batch 1), batch-invariant"
+    )
+    parser.add_argument(
         "--soak-seconds",
         type=float,
         default=0.0,
@@ -308,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sampled:
         result["step_ms_sampled"] = step_times(generate, args.batches, greedy=False, log=print)
     if args.codes:
-        result["codes"] = greedy_frames(generate)
+        result["codes"] = greedy_frames(generate, alone=args.codes_alone)
+        result["codes_alone"] = args.codes_alone
     if args.soak_seconds > 0:
         for batch in args.soak_batches or [max(args.batches)]:
             soak(generate, batch, args.soak_seconds, print, greedy=not args.soak_sampled)
