@@ -784,7 +784,7 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
         [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
         step "$run" 280 env VLLM_CACHE_ROOT="$cache" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
-          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes --codes-alone --label "$run" --out "$R"
+          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes-alone --label "$run" --out "$R"
         cleanup
         pack detcompile
       done

@@ -198,9 +198,10 @@ def profile_steps(
 
 def greedy_frames(generate: Callable[..., list[Any]], alone: bool = False) -> list[list[list[int]]]:
     """``CODES_FRAMES`` greedy frames of ``CODES_PROMPTS`` fixed prompts, decoded as one batch, or one prompt at a time
-    with ``alone``. A batch's rows are not batch-invariant: how the engine happens to split its prefill and which rows
-    are still running pick the kernels, so two runs of the same kernels can differ. Alone, every step has one row, as
-    the served e2e check's requests do, and only the kernels themselves can make two runs differ."""
+    with ``alone``. A batch's rows are not batch-invariant (how the engine happens to split its admission and which
+    rows are still running pick the GEMM shapes): on an H200 a compile and a load of one graph agreed on 88.5% of a
+    batch's codes (docs/BENCHMARKS.md, forty-sixth set). Alone, every step has one row, as the served e2e check's
+    requests do, so only the kernels themselves can make two runs differ."""
     from vllm import SamplingParams
 
     from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import frames_from_parallel_output
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampled", action="store_true", help="also time the serving default sampling")
     parser.add_argument("--codes", action="store_true", help="record greedy frames (omni engine, parallel heads)")
     parser.add_argument(
-        "--codes-alone", action="store_true", help="with --codes: decode each prompt alone (batch 1), batch-invariant"
+        "--codes-alone", action="store_true", help="--codes with each prompt decoded alone (batch 1): batch-invariant"
     )
     parser.add_argument(
         "--soak-seconds",
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.sampled:
         result["step_ms_sampled"] = step_times(generate, args.batches, greedy=False, log=print)
-    if args.codes:
+    if args.codes or args.codes_alone:
         result["codes"] = greedy_frames(generate, alone=args.codes_alone)
         result["codes_alone"] = args.codes_alone
     if args.soak_seconds > 0:
