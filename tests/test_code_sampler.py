@@ -11,10 +11,11 @@ from vllm.v1.sample.logits_processor.state import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 
 from tests.conftest import run_python
+from vllm_omni_kani import envs
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import (
+    filter_set_warm_ups,
     sample_codes,
     sample_packed_codes,
-    warm_up_filter_sets,
     warm_up_kernels,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import seeded_exponentials
@@ -173,7 +174,8 @@ def test_the_filter_warm_up_brings_a_served_steps_dtypes_under_vllms_load_time_d
         seen.append((logits.dtype, None if k is None else k.dtype, None if p is None else p.dtype))
 
     with set_default_torch_dtype(torch.bfloat16):
-        warm_up_filter_sets(record, 6, SIZE, SIZE - 1, torch.device("cpu"))
+        for warm_up in filter_set_warm_ups(record, 6, SIZE, SIZE - 1, torch.device("cpu")):
+            warm_up.call()
     f32, i32 = torch.float32, torch.int32
     assert seen == [(f32, None, f32), (f32, i32, None), (f32, i32, f32)]
 
@@ -181,8 +183,13 @@ def test_the_filter_warm_up_brings_a_served_steps_dtypes_under_vllms_load_time_d
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="Triton compiles kernels only for a CUDA device (CPU CI has none)"
 )
-def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel():
+@pytest.mark.parametrize("concurrent", ["0", "1"])
+def test_after_the_load_time_warm_up_no_sampled_step_compiles_a_kernel(concurrent):
     """Every filter set, seeded or not, at batch sizes on both sides of Triton's row-count specialisations, and
-    codebook 1's seeded noise: the kernels the step launches were all compiled by the load-time warm-ups."""
-    out = run_python("import tests.test_code_sampler as t; t._no_kernel_compiles_after_the_warm_up(); print('ok')")
+    codebook 1's seeded noise: the kernels the step launches were all compiled by the load-time warm-ups, run one after
+    another or at once (``KANI_CONCURRENT_WARM_UPS``)."""
+    out = run_python(
+        "import tests.test_code_sampler as t; t._no_kernel_compiles_after_the_warm_up(); print('ok')",
+        env={envs.KANI_CONCURRENT_WARM_UPS: concurrent},
+    )
     assert out.stdout.strip().endswith("ok")

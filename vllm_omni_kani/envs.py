@@ -282,3 +282,13 @@ def codec_async_copy() -> bool:
     the next step while this one runs; on unless set to 0 (the A/B switch: the blocking copy was 66–83% of the codec's
     main thread at 256 streams on an H200; without it 5 of 6 served pairs gained, thirty-first set)."""
     return on_unless_off(KANI_CODEC_ASYNC_COPY)
+
+
+KANI_CONCURRENT_WARM_UPS = "KANI_CONCURRENT_WARM_UPS"
+
+
+def concurrent_warm_ups() -> bool:
+    """``KANI_CONCURRENT_WARM_UPS=1``: Stage 0's load-time warm-ups (each a Triton compile on a machine that has not
+    compiled it yet) run in threads at once instead of one after another (``kani_tts/warm_ups.py``); off by default
+    until a fresh machine's first start is timed with it."""
+    return _flag(KANI_CONCURRENT_WARM_UPS)

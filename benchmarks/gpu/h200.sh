@@ -151,6 +151,10 @@
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
 #            full slices of 64 rows, the rest rounded up): the plan's served A/B; send beside `served`
+#   warmups  Stage 0 alone (step_time, batch 1) loaded with an empty Triton cache, its load-time warm-ups one after
+#            another (seq) or at once (conc: KANI_CONCURRENT_WARM_UPS=1), alternating (WARMUP_SIDES, default "seq conc
+#            seq conc"; ~2-3 min a run: send two a call): "Model loading took" in each log; then the CUDA test that
+#            no sampled step compiles after either kind of warm-up
 #   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256) with Inductor's deterministic
 #            mode (det-*: reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default
 #            (default-*). A run named X-a or X-b compiles afresh in a compile cache of its own, as a machine's first
@@ -794,6 +798,26 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
           vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
       done
       pack detcompile ;;
+    warmups)
+      # A fresh machine's first Stage-0 engine spent 81-127 s loading its model, mostly the load-time Triton warm-ups
+      # one after another (forty-sixth set): each run loads Stage 0 with an empty Triton cache of its own, the warm-ups
+      # one after another (seq) or at once (conc, KANI_CONCURRENT_WARM_UPS=1), alternating; its "Model loading took"
+      # line says what the load cost. Then the CUDA test that no sampled step compiles after either kind of warm-up.
+      checkpoints
+      n=0
+      for side in ${WARMUP_SIDES:-seq conc seq conc}; do
+        n=$((n + 1))
+        flag=0
+        [ "$side" = conc ] && flag=1
+        rm -rf "/tmp/triton-warmups-$n"
+        step "warmups-$side-$n" 280 env TRITON_CACHE_DIR="/tmp/triton-warmups-$n" KANI_CONCURRENT_WARM_UPS=$flag \
+          VLLM_CACHE_ROOT=/tmp/vc-warmups python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni \
+          --batches 1 --label "warmups-$side-$n" --out "$R"
+        grep -ho "Model loading took.*\|Loading weights took.*" "$R/warmups-$side-$n.log" | tail -n 2
+        cleanup
+      done
+      step warmup-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_code_sampler.py -k "no_sampled_step"
+      pack warmups ;;
     int4)
       checkpoints
       for v in par flat; do

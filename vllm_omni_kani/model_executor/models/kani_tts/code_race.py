@@ -21,11 +21,14 @@ the GPU, so it wins where launches dominate and not where the sort does (docs/BE
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from vllm_omni_kani import sampler_ab
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl_codes
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available
+from vllm_omni_kani.model_executor.models.kani_tts.warm_ups import CODE_RACE_KERNEL, WarmUp
 
 try:  # Triton itself, as seeded_noise imports it: the interpreter runs the kernel in the CPU tests
     import triton
@@ -57,13 +60,15 @@ def applies(device: torch.device, rows: int) -> bool:
     return _taken and rows <= MAX_ROWS and fused_kernel_available(device) and sampler_ab.patched_now(NAME)
 
 
-def warm_up(heads: int, width: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Compile the kernel now, at model load, for each filter set a step can bring (each a specialisation), where the
-    switch is taken and the kernel compiles (CUDA): a compile in a step stalls every stream."""
+def warm_ups(heads: int, width: int, dtype: torch.dtype, device: torch.device) -> list[WarmUp]:
+    """The calls that compile the kernel at model load, for each filter set a step can bring (each a specialisation),
+    where the switch is taken and the kernel compiles (CUDA): a compile in a step stalls every stream."""
     if not (_taken and device.type == "cuda" and fused_kernel_available(device)):
-        return
-    for arguments in warm_up_arguments(heads, width, dtype, device):
-        sample_packed(*arguments)
+        return []
+    return [
+        WarmUp(CODE_RACE_KERNEL, functools.partial(sample_packed, *arguments))
+        for arguments in warm_up_arguments(heads, width, dtype, device)
+    ]
 
 
 def warm_up_arguments(heads: int, width: int, dtype: torch.dtype, device: torch.device) -> list[tuple]:

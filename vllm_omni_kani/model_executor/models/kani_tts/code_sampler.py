@@ -9,16 +9,18 @@ on the device and needs no host synchronisation. A seeded request's noise is a h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p, sample_with_exponential_noise
 
-from vllm_omni_kani.model_executor.models.kani_tts import code_race
+from vllm_omni_kani.model_executor.models.kani_tts import code_race, warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_race import GREEDY_EPS
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import fused_kernel_available, write_seeded_rows
+from vllm_omni_kani.model_executor.models.kani_tts.warm_ups import HASHED_NOISE_KERNEL, TOPK_TOPP_KERNEL, WarmUp
 
 # Request counts for the warm-up whose head rows (three per request) fall in both of Triton's integer
 # specialisations of the row count, not a multiple of 16 and a multiple of 16 (its top-k/top-p kernel runs from 8 rows).
@@ -99,7 +101,13 @@ def _exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator
 
 
 def warm_up_kernels(heads: int, size: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Compile the sampled path's Triton kernels now, at model load, not in the first sampled step.
+    """Compile the sampled path's Triton kernels now, at model load, not in the first sampled step (``kernel_warm_ups``,
+    run by ``warm_ups.run``)."""
+    warm_ups.run(kernel_warm_ups(heads, size, device, dtype), device)
+
+
+def kernel_warm_ups(heads: int, size: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[WarmUp]:
+    """The calls that compile the sampled path's Triton kernels at model load, not in the first sampled step.
 
     A compile in a step stalls every stream for seconds on a fresh machine (py-spy of the first sampled steps at
     batch 256, docs/BENCHMARKS.md "Tenth set"); Triton then keeps the kernels on disk. vLLM's own sampler warm-up
@@ -108,29 +116,35 @@ def warm_up_kernels(heads: int, size: int, device: torch.device, dtype: torch.dt
     switch is taken the one-kernel sampler (``code_race``) for heads' logits of ``dtype``.
     """
     if device.type != "cuda":
-        return
-    code_race.warm_up(heads, size, dtype, device)
+        return []
+    calls = code_race.warm_ups(heads, size, dtype, device)
     for requests in WARM_UP_REQUESTS:
-        warm_up_filter_sets(apply_top_k_top_p, requests * heads, size, size - 1, device)
+        calls += filter_set_warm_ups(apply_top_k_top_p, requests * heads, size, size - 1, device)
     if fused_kernel_available(device):
         # float32 named: the model loads under vLLM's default dtype, and the kernel takes float32 noise only
-        write_seeded_rows(
-            torch.empty(1, heads * size, dtype=torch.float32, device=device),
-            {0: torch.Generator(device=device).manual_seed(0)},
-        )
+        rows = torch.empty(1, heads * size, dtype=torch.float32, device=device)
+        generators = {0: torch.Generator(device=device).manual_seed(0)}
+        calls.append(WarmUp(HASHED_NOISE_KERNEL, functools.partial(write_seeded_rows, rows, generators)))
+    return calls
 
 
-def warm_up_filter_sets(
+def filter_set_warm_ups(
     apply: ApplyTopKTopP,
     rows: int,
     width: int,
     top_k: int,
     device: torch.device,
-) -> None:
-    """Run the top-k/top-p function ``apply`` on ``[rows, width]`` zero logits with top-k alone, top-p alone and both:
-    each filter set is its own specialisation of vLLM's Triton kernel. The dtypes are a served step's (vLLM samples
-    float32 logits), named because a model loads under vLLM's default dtype, the model's."""
+) -> list[WarmUp]:
+    """The calls of the top-k/top-p function ``apply`` on ``[rows, width]`` zero logits with top-k alone, top-p alone
+    and both: each filter set is its own specialisation of vLLM's Triton kernel. The dtypes are a served step's (vLLM
+    samples float32 logits), named because a model loads under vLLM's default dtype, the model's."""
     k = torch.full((rows,), top_k, dtype=torch.int32, device=device)
     p = torch.full((rows,), WARM_UP_TOP_P, dtype=torch.float32, device=device)
-    for top_k_rows, top_p_rows in ((None, p), (k, None), (k, p)):
-        apply(torch.zeros(rows, width, dtype=torch.float32, device=device), top_k_rows, top_p_rows)
+
+    def zeros() -> torch.Tensor:  # a call's own logits: vLLM's function may filter them in place
+        return torch.zeros(rows, width, dtype=torch.float32, device=device)
+
+    return [
+        WarmUp(TOPK_TOPP_KERNEL, functools.partial(apply, zeros(), top_k_rows, top_p_rows))
+        for top_k_rows, top_p_rows in ((None, p), (k, None), (k, p))
+    ]

@@ -16,18 +16,21 @@ was whole (its first version lost frames to noise of exactly 0, fixed in ``seede
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
 from vllm_omni_kani import sampler_ab
+from vllm_omni_kani.model_executor.models.kani_tts import warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
     CODEBOOK1_SALT,
     fused_kernel_available,
     generator_position,
     write_seeded_rows,
 )
+from vllm_omni_kani.model_executor.models.kani_tts.warm_ups import HASHED_NOISE_KERNEL, WarmUp
 
 NAME = "codebook1_noise"  # its name in KANI_STAGE0_SAMPLER_PATCHES and KANI_SAMPLER_AB_PATCHES
 # How far one vLLM draw moves a CUDA generator's Philox offset, the step vLLM rewinds a discarded one by.
@@ -87,11 +90,17 @@ def with_hashed_seeded_noise(original: RandomSample) -> RandomSample:
 
 
 def warm_up_kernel(vocab_size: int, device: torch.device) -> None:
-    """Compile the noise kernel at the vocabulary's width now, at model load, not in the first seeded step: Triton
-    specialises it on the row width's divisibility by 16, which the code heads' warm-up (3 × 4,032) does not cover
-    (the JIT monitor caught that compile in a first sampled step, docs/BENCHMARKS.md "Eleventh set")."""
+    """Compile the noise kernel at the vocabulary's width now (``kernel_warm_ups``, run by ``warm_ups.run``)."""
+    warm_ups.run(kernel_warm_ups(vocab_size, device), device)
+
+
+def kernel_warm_ups(vocab_size: int, device: torch.device) -> list[WarmUp]:
+    """The call that compiles the noise kernel at the vocabulary's width at model load, not in the first seeded step:
+    Triton specialises it on the row width's divisibility by 16, which the code heads' warm-up (3 × 4,032) does not
+    cover (the JIT monitor caught that compile in a first sampled step, docs/BENCHMARKS.md "Eleventh set")."""
     if device.type != "cuda" or not fused_kernel_available(device):
-        return
+        return []
     # float32 named, as vLLM samples: the model loads under vLLM's default dtype, and bfloat16 noise takes the torch ops
     probs = torch.full((1, vocab_size), 1.0 / vocab_size, dtype=torch.float32, device=device)
-    hashed_random_sample(probs, {0: torch.Generator(device=device).manual_seed(0)})
+    generators = {0: torch.Generator(device=device).manual_seed(0)}
+    return [WarmUp(HASHED_NOISE_KERNEL, functools.partial(hashed_random_sample, probs, generators))]

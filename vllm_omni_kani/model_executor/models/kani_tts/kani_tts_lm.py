@@ -37,7 +37,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
-from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise, open_columns
+from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise, open_columns, warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_packed_codes, warm_up_kernels
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import FrameLevelSettings, additional_config
@@ -70,12 +70,14 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
         # over the columns the speech mask can leave open.
         sampler_patches = patch.apply_stage0_sampling()
         device = next(self.parameters()).device
-        if patch.hash_seeded_codebook1_noise.__name__ in sampler_patches:
-            codebook1_noise.warm_up_kernel(self.config.vocab_size, device)
         self.speech_mask = SpeechMask(self.config.vocab_size, self.variant)
+        patch_warm_ups: list[warm_ups.WarmUp] = []
+        if patch.hash_seeded_codebook1_noise.__name__ in sampler_patches:
+            patch_warm_ups += codebook1_noise.kernel_warm_ups(self.config.vocab_size, device)
         if patch.filter_top_k_in_open_columns.__name__ in sampler_patches:
             open_columns.open_from(self.speech_mask.first_open, self.config.vocab_size)
-            open_columns.warm_up(device)
+            patch_warm_ups += open_columns.kernel_warm_ups(device)
+        warm_ups.run(patch_warm_ups, device)
         # vLLM-Omni's deferred output building (with async scheduling and async_chunk) is an experiment switch, off
         # by default: on an H200 it served 8-20% fewer frames/s than the shipped file in both orders (its audio whole
         # since the per-step codes are as long as the scheduled tokens; docs/BENCHMARKS.md, twenty-sixth set).

@@ -26,7 +26,9 @@ import torch
 from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani import sampler_ab
-from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import ApplyTopKTopP, warm_up_filter_sets
+from vllm_omni_kani.model_executor.models.kani_tts import warm_ups
+from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import ApplyTopKTopP, filter_set_warm_ups
+from vllm_omni_kani.model_executor.models.kani_tts.warm_ups import WarmUp
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +98,18 @@ def with_open_columns(original: ApplyTopKTopP) -> ApplyTopKTopP:
 
 
 def warm_up(device: torch.device) -> None:
-    """Compile vLLM's top-k/top-p kernel for the open columns now, at model load, not in a served step: their width,
-    row stride and offset are not the whole rows' that vLLM's sampler warm-up compiles (for top-k and top-p together,
-    at one row count)."""
+    """Compile vLLM's top-k/top-p kernel for the open columns now (``kernel_warm_ups``, run by ``warm_ups.run``)."""
+    warm_ups.run(kernel_warm_ups(device), device)
+
+
+def kernel_warm_ups(device: torch.device) -> list[WarmUp]:
+    """The calls that compile vLLM's top-k/top-p kernel for the open columns at model load, not in a served step: their
+    width, row stride and offset are not the whole rows' that vLLM's sampler warm-up compiles (for top-k and top-p
+    together, at one row count)."""
     if _open is None or device.type != "cuda":
-        return
+        return []
     original = getattr(ops.apply_top_k_top_p, "__wrapped__", ops.apply_top_k_top_p)
-    for rows in WARM_UP_ROWS:
-        warm_up_filter_sets(functools.partial(in_open_columns, original), rows, _open.width, WARM_UP_TOP_K, device)
+    apply = functools.partial(in_open_columns, original)
+    return [
+        call for rows in WARM_UP_ROWS for call in filter_set_warm_ups(apply, rows, _open.width, WARM_UP_TOP_K, device)
+    ]
