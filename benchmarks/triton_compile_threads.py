@@ -4,7 +4,7 @@ one after another, then in threads, each in an empty cache; no GPU needed (``tri
     python3 benchmarks/triton_compile_threads.py [--kernels 4] [--threads 2] [--arch 90] [--repeat 2]
 
 Stage 0's load-time warm-ups are Triton compiles (``model_executor/models/kani_tts/warm_ups.py``); threads only help
-if the compile runs mostly outside the GIL (its MLIR and LLVM passes, ``ptxas`` as a subprocess).
+as far as the compile runs outside the GIL (``ptxas`` is a subprocess).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Each warm-up is a call that makes Triton compile one kernel specialisation at model load rather than in a served step
 (``code_sampler``, ``code_race``, ``codebook1_noise``, ``open_columns``). On a machine that has not compiled them, a
 Stage-0 engine's model load took 81-127 s with them run one after another, against ~2 s for a later engine reading
-them from Triton's disk cache (docs/BENCHMARKS.md, forty-sixth set). Triton compiles mostly outside the GIL (its MLIR
-and LLVM passes, ``ptxas`` as a subprocess), so with ``KANI_CONCURRENT_WARM_UPS=1`` the warm-ups run in threads.
+them from Triton's disk cache (docs/BENCHMARKS.md, forty-sixth set). Triton's compile runs partly outside the GIL
+(``ptxas`` is a subprocess; two threads compiled four kernels 1.42x as fast as one on a 2-core CPU,
+``benchmarks/triton_compile_threads.py``), so with ``KANI_CONCURRENT_WARM_UPS=1`` the warm-ups run in threads.
 
 A warm-up names the kernel it compiles. Triton creates a kernel's per-device cache on its first launch there, without a
 lock, so each kernel's first warm-up runs alone (one after another); the rest, whose specialisations only add entries
