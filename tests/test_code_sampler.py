@@ -129,13 +129,13 @@ def test_unseeded_codes_follow_the_tempered_softmax_of_each_head():
 
 def _no_kernel_compiles_after_the_warm_up() -> None:
     """Raises AssertionError if a sampled step compiles a kernel after ``warm_up_kernels`` (the code heads, the
-    one-kernel sampler's switch taken) and ``codebook1_noise.warm_up_kernel`` (codebook 1 at the vocabulary's width),
+    one-kernel sampler's switch taken) and ``codebook1_noise.kernel_warm_ups`` (codebook 1 at the vocabulary's width),
     both run as a model load runs them: under vLLM's default dtype, the model's bfloat16. Run in a fresh process: the
     count is of the kernels compiled in this process, so an earlier test's use cannot hide a kernel the warm-up
     missed."""
     from vllm.v1.sample.ops.topk_topp_triton import _topk_topp_kernel
 
-    from vllm_omni_kani.model_executor.models.kani_tts import code_race, codebook1_noise
+    from vllm_omni_kani.model_executor.models.kani_tts import code_race, codebook1_noise, warm_ups
     from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import _hashed_exponentials_kernel
 
     def compiled() -> int:
@@ -147,7 +147,7 @@ def _no_kernel_compiles_after_the_warm_up() -> None:
     code_race.take()
     with set_default_torch_dtype(torch.bfloat16):
         warm_up_kernels(3, size, device, torch.bfloat16)
-        codebook1_noise.warm_up_kernel(vocab, device)
+        warm_ups.run(codebook1_noise.kernel_warm_ups(vocab, device), device)
     before = compiled()
     # three filter sets at two row-count classes, the noise of the heads and of codebook 1, the one-kernel sampler's
     # five specialisations

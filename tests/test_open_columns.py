@@ -7,7 +7,7 @@ import pytest
 import torch
 from vllm.v1.sample.ops import topk_topp_sampler as ops
 
-from vllm_omni_kani.model_executor.models.kani_tts import open_columns
+from vllm_omni_kani.model_executor.models.kani_tts import open_columns, warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.speech_mask import Phase, SpeechMask
 
@@ -101,7 +101,7 @@ def test_the_warm_up_compiles_what_served_steps_run(declared, monkeypatch):
     inside a served step stalls every stream."""
     from triton import knobs
 
-    open_columns.warm_up(torch.device("cuda"))
+    warm_ups.run(open_columns.kernel_warm_ups(torch.device("cuda")), torch.device("cuda"))
     compiles = []
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: compiles.append(kw.get("fn")))
     apply = open_columns.with_open_columns(ops.apply_top_k_top_p)

@@ -162,7 +162,8 @@
 #            agreement of each pair that ran: X-a/X-a2 (a fresh server's two engines), X-a/X-b (two fresh compiles),
 #            det-a/default-a (what the mode changes). DET_RUNS picks the runs (default "det-a det-a2 det-b default-a
 #            default-a2 default-b"; ~1-3 min each: send them over two calls). Codes are decoded one prompt at a time
-#            (--codes-alone): a batch's rows are not batch-invariant, so two runs of one compiled graph differed there
+#            (--codes-alone): decoded as one batch, two runs of one compiled graph differed (likely the batch's rows
+#            not being batch-invariant)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi

@@ -23,7 +23,6 @@ import torch
 from vllm.v1.sample.ops.topk_topp_sampler import empty_exponential_noise_like, sample_with_exponential_noise
 
 from vllm_omni_kani import sampler_ab
-from vllm_omni_kani.model_executor.models.kani_tts import warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts.seeded_noise import (
     CODEBOOK1_SALT,
     fused_kernel_available,
@@ -87,11 +86,6 @@ def with_hashed_seeded_noise(original: RandomSample) -> RandomSample:
 
     random_sample.__wrapped__ = original  # type: ignore[attr-defined]
     return random_sample
-
-
-def warm_up_kernel(vocab_size: int, device: torch.device) -> None:
-    """Compile the noise kernel at the vocabulary's width now (``kernel_warm_ups``, run by ``warm_ups.run``)."""
-    warm_ups.run(kernel_warm_ups(vocab_size, device), device)
 
 
 def kernel_warm_ups(vocab_size: int, device: torch.device) -> list[WarmUp]:

@@ -26,7 +26,6 @@ import torch
 from vllm.v1.sample.ops import topk_topp_sampler as ops
 
 from vllm_omni_kani import sampler_ab
-from vllm_omni_kani.model_executor.models.kani_tts import warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import ApplyTopKTopP, filter_set_warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts.warm_ups import WarmUp
 
@@ -95,11 +94,6 @@ def with_open_columns(original: ApplyTopKTopP) -> ApplyTopKTopP:
 
     apply.__wrapped__ = original  # type: ignore[attr-defined]
     return apply
-
-
-def warm_up(device: torch.device) -> None:
-    """Compile vLLM's top-k/top-p kernel for the open columns now (``kernel_warm_ups``, run by ``warm_ups.run``)."""
-    warm_ups.run(kernel_warm_ups(device), device)
 
 
 def kernel_warm_ups(device: torch.device) -> list[WarmUp]:

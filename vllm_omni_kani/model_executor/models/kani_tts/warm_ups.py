@@ -52,17 +52,13 @@ def first_of_each_kernel(warm_ups: Sequence[WarmUp]) -> tuple[list[WarmUp], list
 def run(warm_ups: Sequence[WarmUp], device: torch.device) -> None:
     """Run ``warm_ups``: one after another, or with ``KANI_CONCURRENT_WARM_UPS=1`` each kernel's first alone and then
     the rest in threads on ``device``. A warm-up's exception is raised here once every thread has ended."""
-    if not envs.concurrent_warm_ups():
-        for warm_up in warm_ups:
-            warm_up.call()
-        return
-    first, rest = first_of_each_kernel(warm_ups)
-    for warm_up in first:
-        warm_up.call()
+    first, rest = first_of_each_kernel(warm_ups) if envs.concurrent_warm_ups() else (list(warm_ups), [])
     threads = min(len(rest), os.cpu_count() or 1, MAX_THREADS)
     if threads <= 1:
-        for warm_up in rest:
-            warm_up.call()
+        first, rest = first + rest, []
+    for warm_up in first:
+        warm_up.call()
+    if not rest:
         return
 
     def in_thread(warm_up: WarmUp) -> None:
