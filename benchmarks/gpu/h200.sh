@@ -163,7 +163,8 @@
 #            det-a/default-a (what the mode changes). DET_RUNS picks the runs (default "det-a det-a2 det-b default-a
 #            default-a2 default-b"; ~1-3 min each: send them over two calls). Codes are decoded one prompt at a time
 #            (--codes-alone): decoded as one batch, two runs of one compiled graph differed (likely the batch's rows
-#            not being batch-invariant)
+#            not being batch-invariant). Each run logs Inductor's run-time autotuning: autotune-RUN.txt (kernels timed
+#            at a launch, picks saved) and best-configs-RUN.txt (the saved picks' checksums after it)
 source "$(dirname "$0")/lib.sh"
 quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
@@ -176,6 +177,23 @@ fi
 # serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (AB_SWEEPS, default 250 frames at 64 and 256
 # streams) with those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio
 # vs frames. SERVE_FLAT=1 serves the flattened checkpoint instead of the parallel-head one (4 tokens a frame).
+# Inductor's runtime autotuning at DEBUG: "Benchmark all input configs for KERNEL" where a process times a kernel's
+# launch configs at its first launch, "Save heuristic tuning result to" where it writes its pick beside the kernel.
+INDUCTOR_AUTOTUNE_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._inductor.runtime.autotune_cache"
+
+# autotune_evidence RUN CACHE: how many kernels RUN timed and saved, and the picks on disk after it (a load that
+# unpacks the compiled artifact writes the compile-time picks back over a runtime one).
+autotune_evidence() {
+  local run=$1 cache=$2
+  {
+    echo "benchmarked: $(grep -c 'Benchmark all input configs for' "$R/$run.log")"
+    echo "saved: $(grep -c 'Save heuristic tuning result to' "$R/$run.log")"
+    grep -o 'Benchmark all input configs for [A-Za-z0-9_]*' "$R/$run.log" | sort | uniq -c | sort -rn | head -n 40
+  } > "$R/autotune-$run.txt"
+  find "$cache" -name '*.best_config' -print0 | sort -z | xargs -0 -r md5sum > "$R/best-configs-$run.txt"
+  echo "[$run] $(head -n 2 "$R/autotune-$run.txt" | tr '\n' ' ')best_config files: $(wc -l < "$R/best-configs-$run.txt")"
+}
+
 serve_env() {
   local label=$1 env=$2 yaml=$3 limit=$4 ckpt=$CK/par tokens=1
   shift 4
@@ -788,8 +806,12 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         case $run in det-*) yaml=$det_yaml ;; esac
         cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
         [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
-        step "$run" 280 env VLLM_CACHE_ROOT="$cache" python3 -m vllm_omni_kani.benchmarks.step_time "$CK/par" \
-          --engine omni --deploy-config "$yaml" --batches 1,64,256 --codes-alone --label "$run" --out "$R"
+        # Inductor's runtime autotuning logged: which run benchmarks a kernel's launch configs at its first launch
+        # (docs/BENCHMARKS.md, forty-sixth set, "Which engine times which kernels").
+        step "$run" 280 env VLLM_CACHE_ROOT="$cache" TORCH_LOGS="$INDUCTOR_AUTOTUNE_LOGS" python3 -m \
+          vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --deploy-config "$yaml" --batches 1,64,256 \
+          --codes-alone --label "$run" --out "$R"
+        autotune_evidence "$run" "$cache"
         cleanup
         pack detcompile
       done
