@@ -44,7 +44,7 @@ for t in psutil.Process(pid).threads():
         names[t.id] = "?"
 after = {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
 reqs = errs = 0
-for f in glob.glob(f"{d}/w*.json"):
+for f in glob.glob(f"{d}/w[0-9]*.json"):
     for level in json.load(open(f))["levels"]:
         reqs += level["requests"]; errs += level["errors"]
 spent = {f"{names[t]} ({t})": round(after[t] - before.get(t, 0.0), 3) for t in after if after[t] - before.get(t, 0.0) >= 0.01}
