@@ -174,15 +174,12 @@ else
   SHORT=64:1,10,64,128,256; LONG=250:1,64,128,256; PRECISIONS="fp32 tf32 bf16 fp16"
 fi
 
-# serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (AB_SWEEPS, default 250 frames at 64 and 256
-# streams) with those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio
-# vs frames. SERVE_FLAT=1 serves the flattened checkpoint instead of the parallel-head one (4 tokens a frame).
 # Inductor's runtime autotuning at DEBUG: "Benchmark all input configs for KERNEL" where a process times a kernel's
 # launch configs at its first launch, "Save heuristic tuning result to" where it writes its pick beside the kernel.
 INDUCTOR_AUTOTUNE_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._inductor.runtime.autotune_cache"
 
-# autotune_evidence RUN CACHE: how many kernels RUN timed and saved, and the picks on disk after it (a load that
-# unpacks the compiled artifact writes the compile-time picks back over a runtime one).
+# autotune_evidence RUN CACHE: how many kernels RUN timed and saved, and the picks on disk after it (a process that
+# loads the compiled artifact writes the compile-time picks there).
 autotune_evidence() {
   local run=$1 cache=$2
   {
@@ -194,6 +191,9 @@ autotune_evidence() {
   echo "[$run] $(head -n 2 "$R/autotune-$run.txt" | tr '\n' ' ')best_config files: $(wc -l < "$R/best-configs-$run.txt")"
 }
 
+# serve_env LABEL "KEY=VALUE ..." YAML LIMIT_S [OPTION...]: YAML served (AB_SWEEPS, default 250 frames at 64 and 256
+# streams) with those variables in every server process (none: as shipped) and serve_sweeps.py's OPTIONs, then audio
+# vs frames. SERVE_FLAT=1 serves the flattened checkpoint instead of the parallel-head one (4 tokens a frame).
 serve_env() {
   local label=$1 env=$2 yaml=$3 limit=$4 ckpt=$CK/par tokens=1
   shift 4
