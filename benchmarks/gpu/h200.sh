@@ -157,9 +157,10 @@
 #            no sampled step compiles after either kind of warm-up
 #   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256) with Inductor's deterministic
 #            mode (det-*: reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default
-#            (default-*). A run named X-a or X-b compiles afresh in a compile cache of its own, as a machine's first
-#            server's first engine does; X-a2 then loads X-a's compiled graph, as its second engine does. Then the code
-#            agreement of each pair that ran: X-a/X-a2 (a fresh server's two engines), X-a/X-b (two fresh compiles),
+#            (default-*). A run named X-a, X-b or X-c compiles afresh in a compile cache of its own, as a machine's first
+#            server's first engine does; X-a2 (X-c2) then loads X-a's (X-c's) compiled graph, as its second engine does.
+#            Then the code agreement of each pair that ran: X-a/X-a2 and X-c/X-c2 (a fresh server's two engines),
+#            X-a/X-b and X-a/X-c (two fresh compiles),
 #            det-a/default-a (what the mode changes). DET_RUNS picks the runs (default "det-a det-a2 det-b default-a
 #            default-a2 default-b"; ~1-3 min each: send them over two calls). Codes are decoded one prompt at a time
 #            (--codes-alone): decoded as one batch, two runs of one compiled graph differed (likely the batch's rows
@@ -808,14 +809,19 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
         # Inductor's runtime autotuning logged: which run benchmarks a kernel's launch configs at its first launch
         # (docs/BENCHMARKS.md, forty-sixth set, "Which engine times which kernels").
-        step "$run" 280 env VLLM_CACHE_ROOT="$cache" TORCH_LOGS="$INDUCTOR_AUTOTUNE_LOGS" python3 -m \
+        step "$run" "${DET_LIMIT_S:-360}" env VLLM_CACHE_ROOT="$cache" TORCH_LOGS="$INDUCTOR_AUTOTUNE_LOGS" python3 -m \
           vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --deploy-config "$yaml" --batches 1,64,256 \
           --codes-alone --label "$run" --out "$R"
         autotune_evidence "$run" "$cache"
         cleanup
         pack detcompile
       done
-      for pair in "det-a det-a2" "default-a default-a2" "det-a det-b" "default-a default-b" "det-a default-a"; do
+      # Each compile/load pair that ran (X-a/X-a2, X-c/X-c2, ...), then two fresh compiles and the two modes.
+      pairs=()
+      for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
+        case $run in *2) pairs+=("${run%2} $run") ;; esac
+      done
+      for pair in "${pairs[@]}" "det-a det-b" "default-a default-b" "default-a default-c" "det-a default-a"; do
         read -r a b <<< "$pair"
         [ -f "$R/$a.json" ] && [ -f "$R/$b.json" ] && step "agreement-$a-$b" 60 python3 -m \
           vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
