@@ -61,10 +61,15 @@ def run(warm_ups: Sequence[WarmUp], device: torch.device) -> None:
     if not rest:
         return
 
+    # A thread starts on CUDA's device 0: an engine on another device must compile and launch there. A device given
+    # as plain "cuda" means the caller's current one, which the threads do not inherit.
+    index = None
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+
     def in_thread(warm_up: WarmUp) -> None:
-        # A thread starts on CUDA's device 0: an engine on another device must compile and launch there.
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        if index is not None:
+            torch.cuda.set_device(index)
         warm_up.call()
 
     with ThreadPoolExecutor(threads, thread_name_prefix="kani-warm-up") as pool:
