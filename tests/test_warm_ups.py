@@ -101,3 +101,25 @@ def test_without_cuda_the_model_has_no_warm_ups(monkeypatch):
     assert code_sampler.kernel_warm_ups(3, 4032, CPU, torch.bfloat16) == []
     assert codebook1_noise.kernel_warm_ups(68442, CPU) == []
     assert open_columns.kernel_warm_ups(CPU) == []
+
+
+@pytest.mark.parametrize(("device", "expected"), [(torch.device("cuda"), 3), (torch.device("cuda", 1), 1)])
+def test_concurrent_threads_launch_on_the_callers_device(monkeypatch, device, expected):
+    """Each thread selects the device the warm-ups are for: the given index, or for plain ``"cuda"`` the caller's
+    current device (``torch.cuda.set_device`` refuses a device without an index). CUDA's device calls are replaced
+    here, as this machine has none; ``tests/test_code_sampler.py``'s CUDA test runs the real ones with plain "cuda"."""
+    monkeypatch.setenv(envs.KANI_CONCURRENT_WARM_UPS, "1")
+    monkeypatch.setattr(warm_ups.os, "cpu_count", lambda: 8)
+    selected: dict[str, object] = {}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def set_device(index: object) -> None:
+        selected[threading.current_thread().name] = index
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    recorder = Recorder()
+    warm_ups.run(_calls(recorder), device)
+    threads = {thread for _, thread, _ in recorder.runs[3:]}
+    assert threads and set(selected) == threads  # every thread that ran a warm-up selected a device first
+    assert set(selected.values()) == {expected}
