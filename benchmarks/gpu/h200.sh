@@ -179,6 +179,13 @@ fi
 # launch configs at its first launch, "Save heuristic tuning result to" where it writes its pick beside the kernel.
 INDUCTOR_AUTOTUNE_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._inductor.runtime.autotune_cache"
 
+# autotune_picks LOG: Inductor's launch-config picks in LOG, in order, with the lines where the engine compiled or
+# loaded its graph.
+autotune_picks() {
+  grep -oE 'Best config for [A-Za-z0-9_]+: XBLOCK: [0-9]+, num_warps: [0-9]+|Compiling a graph for compile range.*|Directly load the compiled graph.*' \
+    "$1" | cut -c1-160
+}
+
 # autotune_evidence RUN CACHE: how many kernels RUN timed and saved, and the picks on disk after it (a process that
 # loads the compiled artifact writes the compile-time picks there).
 autotune_evidence() {
@@ -187,6 +194,10 @@ autotune_evidence() {
     echo "benchmarked: $(grep -c 'Benchmark all input configs for' "$R/$run.log")"
     echo "saved: $(grep -c 'Save heuristic tuning result to' "$R/$run.log")"
     grep -o 'Benchmark all input configs for [A-Za-z0-9_]*' "$R/$run.log" | sort | uniq -c | sort -rn | head -n 40
+    # Each pick in order, around the compile's own line: a kernel picked once while compiling and again at its first
+    # launch runs the later pick here, while an engine loading the artifact runs the earlier one (forty-seventh set).
+    echo "picks, in order:"
+    autotune_picks "$R/$run.log"
   } > "$R/autotune-$run.txt"
   find "$cache" -name '*.best_config' -print0 | sort -z | xargs -0 -r md5sum > "$R/best-configs-$run.txt"
   echo "[$run] $(head -n 2 "$R/autotune-$run.txt" | tr '\n' ' ')best_config files: $(wc -l < "$R/best-configs-$run.txt")"
