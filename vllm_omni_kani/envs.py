@@ -289,6 +289,7 @@ KANI_CONCURRENT_WARM_UPS = "KANI_CONCURRENT_WARM_UPS"
 
 def concurrent_warm_ups() -> bool:
     """``KANI_CONCURRENT_WARM_UPS=1``: Stage 0's load-time warm-ups (each a Triton compile on a machine that has not
-    compiled it yet) run in threads at once instead of one after another (``kani_tts/warm_ups.py``); off by default
-    until a fresh machine's first start is timed with it."""
+    compiled it yet) run in threads at once instead of one after another (``kani_tts/warm_ups.py``). A fresh H200
+    engine's model load took 32.7 s with it against 77.9 s (docs/BENCHMARKS.md, forty-seventh set); off by default
+    until its CUDA test passes both ways on a GPU."""
     return _flag(KANI_CONCURRENT_WARM_UPS)
