@@ -27,7 +27,7 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import gc_threshold, gil_switch, logger, lora_patch, patch
+    from vllm_omni_kani import gc_threshold, gil_switch, inductor_patch, logger, lora_patch, patch
 
     logger.route_to_vllm()
     gil_switch.apply_switch_interval()
@@ -35,6 +35,7 @@ def register() -> None:
 
     patch.apply_all()
     lora_patch.apply_all()
+    inductor_patch.apply_all()
     _register_models()
     _register_pipelines()
 

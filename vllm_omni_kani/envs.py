@@ -293,3 +293,14 @@ def concurrent_warm_ups() -> bool:
     engine's model load took 32.7 s with it against 77.9 s (docs/BENCHMARKS.md, forty-seventh set); off by default
     until its CUDA test passes both ways on a GPU."""
     return _flag(KANI_CONCURRENT_WARM_UPS)
+
+
+KANI_INDUCTOR_SAVED_PICKS = "KANI_INDUCTOR_SAVED_PICKS"
+
+
+def inductor_saved_picks() -> bool:
+    """``KANI_INDUCTOR_SAVED_PICKS=1``: an Inductor kernel that still holds several launch configs at its first launch
+    runs the pick its compile saved, instead of timing them again (``inductor_patch.py``), so the engine that compiled
+    a graph runs the same reductions as the engines that load it. Off by default until a fresh compile and a load of it
+    have run with it on a GPU."""
+    return _flag(KANI_INDUCTOR_SAVED_PICKS)
