@@ -157,7 +157,8 @@
 #            no sampled step compiles after either kind of warm-up
 #   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256) with Inductor's deterministic
 #            mode (det-*: reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default
-#            (default-*). A run named X-a, X-b or X-c compiles afresh in a compile cache of its own, as a machine's first
+#            (default-*), or vLLM's default with the kernels launching their saved picks (picks-*:
+#            KANI_INDUCTOR_SAVED_PICKS=1, inductor_patch.py). A run named X-a, X-b or X-c compiles afresh in a compile cache of its own, as a machine's first
 #            server's first engine does; X-a2 (X-c2) then loads X-a's (X-c's) compiled graph, as its second engine does.
 #            Then the code agreement of each pair that ran: X-a/X-a2 and X-c/X-c2 (a fresh server's two engines),
 #            X-a/X-b and X-a/X-c (two fresh compiles),
@@ -182,7 +183,7 @@ INDUCTOR_AUTOTUNE_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._induc
 # autotune_picks LOG: Inductor's launch-config picks in LOG, in order, with the lines where the engine compiled or
 # loaded its graph.
 autotune_picks() {
-  grep -oE 'Best config for [A-Za-z0-9_]+: XBLOCK: [0-9]+, num_warps: [0-9]+|Compiling a graph for compile range.*|Directly load the compiled graph.*' \
+  grep -oE 'Best config for [A-Za-z0-9_]+: XBLOCK: [0-9]+, num_warps: [0-9]+|[A-Za-z0-9_]+: launches its saved pick.*|Compiling a graph for compile range.*|Directly load the compiled graph.*' \
     "$1" | cut -c1-160
 }
 
@@ -814,13 +815,14 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         "stages.0.compilation_config.inductor_compile_config={deterministic: true, combo_kernels: true, benchmark_combo_kernel: false}" \
         > /dev/null
       for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
-        yaml=benchmarks/configs/kani_tts_lm.yaml
-        case $run in det-*) yaml=$det_yaml ;; esac
+        yaml=benchmarks/configs/kani_tts_lm.yaml picks=0
+        case $run in det-*) yaml=$det_yaml ;; picks-*) picks=1 ;; esac
         cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
         [ "$cache" = "/tmp/vc-$run" ] && rm -rf "$cache"
         # Inductor's runtime autotuning logged: which run benchmarks a kernel's launch configs at its first launch
         # (docs/BENCHMARKS.md, forty-sixth set, "Which engine times which kernels").
-        step "$run" "${DET_LIMIT_S:-360}" env VLLM_CACHE_ROOT="$cache" TORCH_LOGS="$INDUCTOR_AUTOTUNE_LOGS" python3 -m \
+        step "$run" "${DET_LIMIT_S:-360}" env VLLM_CACHE_ROOT="$cache" TORCH_LOGS="$INDUCTOR_AUTOTUNE_LOGS" \
+          KANI_INDUCTOR_SAVED_PICKS=$picks python3 -m \
           vllm_omni_kani.benchmarks.step_time "$CK/par" --engine omni --deploy-config "$yaml" --batches 1,64,256 \
           --codes-alone --label "$run" --out "$R"
         autotune_evidence "$run" "$cache"
@@ -830,9 +832,12 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
       # Each compile/load pair that ran (X-a/X-a2, X-c/X-c2, ...), then two fresh compiles and the two modes.
       pairs=()
       for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
-        case $run in *2) pairs+=("${run%2} $run") ;; esac
+        case $run in
+          *2) pairs+=("${run%2} $run") ;;
+          *-c) pairs+=("${run%-c}-a $run") ;;  # two fresh compiles
+        esac
       done
-      for pair in "${pairs[@]}" "det-a det-b" "default-a default-b" "default-a default-c" "det-a default-a"; do
+      for pair in "${pairs[@]}" "det-a det-b" "default-a default-b" "det-a default-a"; do
         read -r a b <<< "$pair"
         [ -f "$R/$a.json" ] && [ -f "$R/$b.json" ] && step "agreement-$a-$b" 60 python3 -m \
           vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
