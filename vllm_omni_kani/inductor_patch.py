@@ -2,13 +2,13 @@
 idempotent, a no-op elsewhere); ``vllm_omni_kani.register()`` applies it next to ``patch.apply_all()`` in every
 process.
 
-The problem it fixes: on a fresh machine, a server's two Stage-0 engines could generate different codes for one
+What it is for: on a fresh machine, a server's two Stage-0 engines could generate different codes for one
 greedy request (docs/BENCHMARKS.md, forty-seventh set). vLLM compiles through ``standalone_compile``, which times
 each Inductor kernel's launch configs while it compiles. The pick goes beside the kernel as a ``.best_config`` file
-and into the compiled artifact. The compiling process's own kernel objects were made before that file existed, so
-they time their configs again at their first launch and run that second pick. An engine that loads the artifact runs
+and into the compiled artifact. The compiling process's own kernels time their configs again at their first launch
+(its log shows it; likely they were made before that file existed) and run that second pick. An engine that loads the artifact runs
 the first. For a reduction, two launch configs sum a row in different orders, so the two engines can differ in the
-last bits.
+last bits. With this patch the compiling process launches the saved pick too (not yet run on a GPU; off by default).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from vllm_omni_kani.patch import _patch
 logger = logging.getLogger(__name__)
 
 
-def _torch_2_11() -> bool:
+def _torch_2_11_switched_on() -> bool:
     import torch
 
     return torch.__version__.startswith("2.11.") and inductor_saved_picks()
@@ -57,7 +57,7 @@ def take_saved_pick(autotuner: Any) -> bool:
     return False
 
 
-@_patch(_torch_2_11)
+@_patch(_torch_2_11_switched_on)
 def launch_saved_inductor_picks() -> bool | None:
     """torch 2.11.x, with ``KANI_INDUCTOR_SAVED_PICKS=1``: an Inductor kernel that still holds several launch configs
     at its first launch runs the pick saved for it, if one is, instead of timing them again (module docstring)."""
