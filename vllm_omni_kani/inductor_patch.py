@@ -6,9 +6,10 @@ What it is for: on a fresh machine, a server's two Stage-0 engines could generat
 greedy request (docs/BENCHMARKS.md, forty-seventh set). vLLM compiles through ``standalone_compile``, which times
 each Inductor kernel's launch configs while it compiles. The pick goes beside the kernel as a ``.best_config`` file
 and into the compiled artifact. The compiling process's own kernels time their configs again at their first launch
-(its log shows it; likely they were made before that file existed) and run that second pick. An engine that loads the artifact runs
-the first. For a reduction, two launch configs sum a row in different orders, so the two engines can differ in the
-last bits. With this patch the compiling process launches the saved pick too (not yet run on a GPU; off by default).
+(its log shows it; likely they were made before that file existed) and run that second pick. An engine that loads
+the artifact runs the first. For a reduction, two launch configs sum a row in different orders, so the two engines
+can differ in the last bits. With this patch the compiling process launches the saved pick too (not yet run on a
+GPU; off by default).
 """
 
 from __future__ import annotations

@@ -183,8 +183,9 @@ INDUCTOR_AUTOTUNE_LOGS="+torch._inductor.runtime.triton_heuristics,+torch._induc
 # autotune_picks LOG: Inductor's launch-config picks in LOG, in order, with the lines where the engine compiled or
 # loaded its graph.
 autotune_picks() {
-  grep -oE 'Best config for [A-Za-z0-9_]+: XBLOCK: [0-9]+, num_warps: [0-9]+|[A-Za-z0-9_]+: launches its saved pick.*|Compiling a graph for compile range.*|Directly load the compiled graph.*' \
-    "$1" | cut -c1-160
+  grep -oE -e 'Best config for [A-Za-z0-9_]+: XBLOCK: [0-9]+, num_warps: [0-9]+' \
+    -e '[A-Za-z0-9_]+: launches its saved pick.*' \
+    -e 'Compiling a graph for compile range.*' -e 'Directly load the compiled graph.*' "$1" | cut -c1-160
 }
 
 # autotune_evidence RUN CACHE: how many kernels RUN timed and saved, and the picks on disk after it (a process that
@@ -814,7 +815,8 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
       python3 -m vllm_omni_kani.benchmarks.variants benchmarks/configs/kani_tts_lm.yaml "$det_yaml" \
         "stages.0.compilation_config.inductor_compile_config={deterministic: true, combo_kernels: true, benchmark_combo_kernel: false}" \
         > /dev/null
-      for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
+      runs=${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}
+      for run in $runs; do
         yaml=benchmarks/configs/kani_tts_lm.yaml picks=0
         case $run in det-*) yaml=$det_yaml ;; picks-*) picks=1 ;; esac
         cache="/tmp/vc-${run%2}"  # X-a2 loads what X-a compiled
@@ -829,15 +831,16 @@ print(','.join(str(s) for s in stage0['compilation_config']['cudagraph_capture_s
         cleanup
         pack detcompile
       done
-      # Each compile/load pair that ran (X-a/X-a2, X-c/X-c2, ...), then two fresh compiles and the two modes.
+      # Each compile/load pair that ran (X-a/X-a2, X-c/X-c2, ...), each further fresh compile against X-a (X-b, X-c),
+      # then the two modes.
       pairs=()
-      for run in ${DET_RUNS:-det-a det-a2 det-b default-a default-a2 default-b}; do
+      for run in $runs; do
         case $run in
           *2) pairs+=("${run%2} $run") ;;
-          *-c) pairs+=("${run%-c}-a $run") ;;  # two fresh compiles
+          *-b|*-c) pairs+=("${run%-?}-a $run") ;;
         esac
       done
-      for pair in "${pairs[@]}" "det-a det-b" "default-a default-b" "det-a default-a"; do
+      for pair in "${pairs[@]}" "det-a default-a"; do
         read -r a b <<< "$pair"
         [ -f "$R/$a.json" ] && [ -f "$R/$b.json" ] && step "agreement-$a-$b" 60 python3 -m \
           vllm_omni_kani.benchmarks.step_time --compare "$R/$a.json" "$R/$b.json" --label "agreement-$a-$b" --out "$R"
