@@ -2,7 +2,7 @@
 
 torch's own autotune cache writes and reads the ``.best_config`` files here, as in an engine. The autotuner is a
 stand-in holding those configs, because a real one needs a GPU to build its launchers. The GPU check is
-``h200.sh detcompile`` with ``KANI_INDUCTOR_SAVED_PICKS=1``: a compile and a load of it run the same picks.
+``h200.sh detcompile``'s ``picks-*`` runs: a compile and a load of it run the same picks.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def test_a_kernel_without_a_cache_is_not_narrowed(tmp_path):
 
 @pytest.fixture
 def patched(monkeypatch):
-    """The patch applied with its switch on, and undone after the test."""
-    monkeypatch.setenv(envs.KANI_INDUCTOR_SAVED_PICKS, "1")
+    """The patch applied as by default (its switch unset), and undone after the test."""
+    monkeypatch.delenv(envs.KANI_INDUCTOR_SAVED_PICKS, raising=False)
     monkeypatch.setattr(CachingAutotuner, "autotune_to_one_config", CachingAutotuner.autotune_to_one_config)
     monkeypatch.setattr(patch, "_applied", set())
     assert inductor_patch.apply_all() == ["launch_saved_inductor_picks"]
@@ -116,8 +116,8 @@ def patched(monkeypatch):
     return CachingAutotuner.autotune_to_one_config
 
 
-def test_off_by_default(monkeypatch):
-    monkeypatch.delenv(envs.KANI_INDUCTOR_SAVED_PICKS, raising=False)
+def test_off_with_its_switch_at_0(monkeypatch):
+    monkeypatch.setenv(envs.KANI_INDUCTOR_SAVED_PICKS, "0")
     monkeypatch.setattr(patch, "_applied", set())
     original = CachingAutotuner.autotune_to_one_config
     assert inductor_patch.apply_all() == []

@@ -1,5 +1,5 @@
-"""Stage 0's load-time warm-ups: one after another by default; with ``KANI_CONCURRENT_WARM_UPS=1`` each kernel's first
-alone, then the rest in threads, every call exactly once and a failure raised after every thread has ended."""
+"""Stage 0's load-time warm-ups: by default each kernel's first alone, then the rest in threads, every call exactly once
+and a failure raised after every thread has ended; with ``KANI_CONCURRENT_WARM_UPS=0`` one after another."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_first_of_each_kernel_splits_in_order():
     assert rest == [calls[1], calls[3], calls[4], calls[6]]
 
 
-def test_by_default_they_run_one_after_another_in_the_callers_thread(monkeypatch):
-    monkeypatch.delenv(envs.KANI_CONCURRENT_WARM_UPS, raising=False)
+def test_switched_off_they_run_one_after_another_in_the_callers_thread(monkeypatch):
+    monkeypatch.setenv(envs.KANI_CONCURRENT_WARM_UPS, "0")
     recorder = Recorder()
     warm_ups.run(_calls(recorder), CPU)
     assert [name for name, _, _ in recorder.runs] == ["a1", "a2", "b1", "a3", "b2", "c1", "b3"]
@@ -62,8 +62,8 @@ def test_by_default_they_run_one_after_another_in_the_callers_thread(monkeypatch
     assert recorder.most_at_once == 1
 
 
-def test_concurrent_runs_each_kernels_first_alone_then_the_rest_at_once(monkeypatch):
-    monkeypatch.setenv(envs.KANI_CONCURRENT_WARM_UPS, "1")
+def test_by_default_each_kernels_first_runs_alone_then_the_rest_at_once(monkeypatch):
+    monkeypatch.delenv(envs.KANI_CONCURRENT_WARM_UPS, raising=False)
     monkeypatch.setattr(warm_ups.os, "cpu_count", lambda: 8)
     recorder = Recorder()
     warm_ups.run(_calls(recorder), CPU)
