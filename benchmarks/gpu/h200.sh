@@ -158,7 +158,8 @@
 #   detcompile  Stage 0 alone (step_time: greedy codes, the step at batches 1, 64, 256) with Inductor's deterministic
 #            mode (det-*: reduction launch configs by rule, not timing; combo kernels kept, untimed) or vLLM's default
 #            (default-*), or vLLM's default with the kernels launching their saved picks (picks-*:
-#            KANI_INDUCTOR_SAVED_PICKS=1, inductor_patch.py). A run named X-a, X-b or X-c compiles afresh in a compile
+#            KANI_INDUCTOR_SAVED_PICKS=1, inductor_patch.py; the shipped default, which det-* and default-* turn off
+#            with 0). A run named X-a, X-b or X-c compiles afresh in a compile
 #            cache of its own, as a machine's first server's first engine does; X-a2 (X-c2) then loads X-a's (X-c's)
 #            compiled graph, as its second engine does. Then the code agreement of each pair that ran: X-a/X-a2 and
 #            X-c/X-c2 (a fresh server's two engines), X-a/X-b and X-a/X-c (two fresh compiles), det-a/default-a (what
