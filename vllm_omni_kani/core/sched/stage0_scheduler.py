@@ -28,6 +28,7 @@ from vllm.v1.request import RequestStatus
 from vllm_omni.core.sched.omni_ar_scheduler import OmniARAsyncScheduler, OmniARScheduler
 from vllm_omni.engine import OmniEngineCoreOutput
 
+from vllm_omni_kani.core.sched.admission_cadence import AdmissionCadence
 from vllm_omni_kani.core.sched.decode_slots import FastDecodeSlots
 from vllm_omni_kani.core.sched.finished_tokens import FinishedTokensLog
 from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
@@ -168,14 +169,21 @@ class _CoalescingOutputs:
 
 
 class KaniStage0Scheduler(
-    StepKinds, FirstOutputTracing, FinishedTokensLog, FastDecodeSlots, _CoalescingOutputs, OmniARScheduler
+    StepKinds,
+    FirstOutputTracing,
+    FinishedTokensLog,
+    FastDecodeSlots,
+    AdmissionCadence,
+    _CoalescingOutputs,
+    OmniARScheduler,
 ):
     """vLLM-Omni's AR scheduler with coalesced outputs; with async scheduling on it builds the async one instead,
     so one ``scheduler_cls`` serves both (vLLM-Omni picks the async class from the YAML only when none is named).
     ``KANI_TRACE_FIRST_OUTPUTS`` traces each request's first output as it leaves, after the coalescer;
     ``KANI_STEP_STATS_S`` logs its steps by kind (decode, prefill; ``step_kinds.py``); ``KANI_LOG_STAGE0_FINISHED``
     logs each freed request's output tokens (``finished_tokens.py``); a decode step that needs no new KV block skips
-    vLLM's slot allocation (``decode_slots.py``)."""
+    vLLM's slot allocation (``decode_slots.py``); ``kani_admit_every_steps`` admits new prompts every few steps under
+    load (``admission_cadence.py``)."""
 
     trace_stage = 0
 
