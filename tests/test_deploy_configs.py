@@ -87,3 +87,17 @@ def test_every_file_based_on_the_shipped_one_inherits_its_stage0_graph_sizes():
         text = path.read_text()
         if "base_config: kani_tts.yaml" in text:
             assert _stage(path, 0).compilation_config == shipped, path.name
+
+
+def test_the_shipped_stage0_admits_every_8th_step_under_load_and_its_children_inherit_it():
+    """The cadence measured in the forty-ninth set (docs/BENCHMARKS.md), read by the scheduler's own parser."""
+    from types import SimpleNamespace
+
+    from vllm_omni_kani.core.sched.admission_cadence import admission_cadence
+
+    for path in [STAGE_CONFIGS / "kani_tts.yaml"] + [
+        p for p in DEPLOY_FILES if "base_config: kani_tts.yaml" in p.read_text()
+    ]:
+        stage0 = _stage(path, 0)
+        extra = stage0.engine_extras.get("additional_config")  # vLLM-Omni passes it through to the engine args
+        assert admission_cadence(SimpleNamespace(additional_config=extra)) == (8, 64), path.name
