@@ -161,3 +161,12 @@ def test_the_deploy_files_keys_reach_the_served_scheduler(tiny_parallel, tmp_pat
     log, audio = speak_offline(tiny_parallel, yaml, texts, tmp_path / "out", max_new_tokens=20)
     assert "new prompts admitted every 3 steps while 1 or more requests run" in log, log[-3000:]
     assert all(a.shape[0] > 8 * SAMPLES_PER_FRAME and a.any() for a in audio), [a.shape for a in audio]
+
+
+def test_the_step_meter_counts_the_held_steps_only_with_the_cadence_on(tiny_flattened, monkeypatch):
+    monkeypatch.setenv("KANI_STEP_STATS_S", "5")
+    sched = scheduler(tiny_flattened, **{ADMIT_EVERY_STEPS_KEY: 4, ADMIT_MIN_RUNNING_KEY: 1})
+    run(sched, {0: [("a", 50)], 1: [("b", 5)], 2: [("c", 5)]}, steps=8)
+    assert sched.admission_gate.deferred_steps == 3
+    assert sched.step_kind_meter.held_steps() == 3
+    assert scheduler(tiny_flattened).step_kind_meter.held_steps is None

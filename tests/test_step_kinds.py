@@ -90,3 +90,18 @@ def test_async_scheduling_overlaps_two_open_steps():
     meter.updated(now=1.020)
     assert meter.tallies["decode"].steps == 1 and abs(meter.tallies["decode"].seconds - 0.010) < 1e-9
     assert meter.tallies["prefill"].steps == 1 and abs(meter.tallies["prefill"].seconds - 0.018) < 1e-9
+
+
+def test_with_the_admission_cadence_each_window_gives_the_steps_it_held_prompts_back():
+    held = {"n": 3}  # the gate's count before the first window
+    meter = StepKindMeter(interval_s=0.05, held_steps=lambda: held["n"])
+    lines, t = [], 1.0
+    for step in range(12):
+        held["n"] += step % 2  # every other step sets the waiting prompts aside
+        meter.scheduled(_output({"a": 1}), called=t)
+        t += 0.01
+        line = meter.updated(now=t)
+        if line:
+            lines.append(line)
+    assert [re.search(r"; held (\d+) over", line).group(1) for line in lines] == ["2", "3"], lines
+    assert "held" not in StepKindMeter(interval_s=0.0)._log(1.0)  # without the cadence the line is as before

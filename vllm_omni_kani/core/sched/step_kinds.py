@@ -15,6 +15,9 @@ and logs, per kind, its steps, ms per step, mean rows, and for ``prefill`` the n
     kani stage0 step kinds: decode 412 x 9.10 ms (rows 48.2); finished 30 x 11.02 ms (rows 47.9); prefill 58 x
     22.81 ms (rows 49.0, new 1.1, tokens 90.2) over 5.0 s
 
+With the admission cadence on (``admission_cadence.py``, ``kani_admit_every_steps`` > 1) the line also gives
+``held N``: the window's steps that set waiting prompts aside for a later step.
+
 A step lasts from the end of the step before it (its outputs out of the scheduler) to the end of its own: the engine's
 intake of the requests it admits, ``schedule``, the model step and its outputs' processing. A step after an empty
 scheduler (the engine waited for input: between two waves of a benchmark) starts at its ``schedule``, and a gap over
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +65,12 @@ def step_kind(scheduler_output: Any) -> tuple[str, int, int, int]:
 class StepKindMeter:
     """Tallies each step under its kind and logs a line per window (module docstring)."""
 
-    def __init__(self, interval_s: float, label: str = "stage0") -> None:
+    def __init__(self, interval_s: float, label: str = "stage0", held_steps: Callable[[], int] | None = None) -> None:
         self.interval_s = interval_s
         self.label = label
+        # With the admission cadence on: its count of steps that set the waiting prompts aside, read per window.
+        self.held_steps = held_steps
+        self._held_at_start = held_steps() if held_steps else 0
         self.tallies = {kind: _Tally() for kind in KINDS}
         self._window_start = 0.0
         self._last_end: float | None = None
@@ -101,6 +108,8 @@ class StepKindMeter:
     def _reset(self, now: float) -> None:
         self.tallies = {kind: _Tally() for kind in KINDS}
         self._window_start = now
+        if self.held_steps:
+            self._held_at_start = self.held_steps()
 
     def _log(self, now: float) -> str:
         parts = []
@@ -113,6 +122,8 @@ class StepKindMeter:
             if kind == "prefill":
                 text += f", new {t.new / t.steps:.1f}, tokens {t.tokens / t.steps:.1f}"
             parts.append(text + ")")
+        if self.held_steps:
+            parts.append(f"held {self.held_steps() - self._held_at_start}")
         line = f"kani {self.label} step kinds: {'; '.join(parts)} over {now - self._window_start:.1f} s"
         logger.info("%s", line)
         self._reset(now)
@@ -125,7 +136,9 @@ class StepKinds:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         interval_s = step_stats_interval_s()
-        self.step_kind_meter = StepKindMeter(interval_s) if interval_s > 0 else None
+        gate = getattr(self, "admission_gate", None)
+        held = (lambda: gate.deferred_steps) if gate is not None and gate.every > 1 else None
+        self.step_kind_meter = StepKindMeter(interval_s, held_steps=held) if interval_s > 0 else None
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self.step_kind_meter is None:
