@@ -3,14 +3,15 @@
 A step that admits a prompt runs as a mixed batch: vLLM's CUDA graphs in pieces around the attention and short-conv
 layers (LFM2's short-conv backend has full graphs for uniform decode batches only), plus the runners' per-request
 set-up. On an H200 such a step took 38-43 ms against 24-31 ms for a decode step of the same rows, whatever the
-number of prompts it carried (docs/BENCHMARKS.md, fortieth and forty-fifth sets); with 64-frame requests at 256
+number of prompts it carried (docs/BENCHMARKS.md, twenty-first and forty-fifth sets); with 64-frame requests at 256
 streams ~30% of Stage 0's steps admitted 2-5 prompts each. Admitting on every ``k``-th step carries the same prompts
 in fewer mixed steps, at the price of up to ``k - 1`` steps' wait before a prompt's first step.
 
 The cadence applies only while at least ``kani_admit_min_running`` requests run (default 64), so a lightly loaded
 engine, where a first audio's latency is what counts, admits every step as vLLM does. It defers through vLLM-Omni's
 own hook (``OmniARScheduler._should_defer_waiting_admission``: the waiting queue is set aside for that step), so
-requests already running, preempted ones and chunked prompts are scheduled as before, and nothing is reordered.
+requests already running (a chunked prompt in progress among them) are scheduled as before, a preempted request
+waits in the same queue as the new ones (held with them), and nothing is reordered.
 ``kani_admit_every_steps: 1`` (the default) is vLLM's behaviour.
 """
 
