@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config_int
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +31,12 @@ DEFAULT_ADMIT_EVERY_STEPS = 1
 DEFAULT_ADMIT_MIN_RUNNING = 64
 
 
-def _int_at_least(vllm_config: Any, key: str, default: int, least: int) -> int:
-    raw = additional_config(vllm_config).get(key, default)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < least:
-        raise ValueError(f"additional_config.{key}={raw!r}: expected an integer >= {least}")
-    return raw
-
-
 def admission_cadence(vllm_config: Any) -> tuple[int, int]:
     """``(every, min_running)`` from Stage 0's additional_config; ValueError unless ``every >= 1`` and
     ``min_running >= 0``."""
     return (
-        _int_at_least(vllm_config, ADMIT_EVERY_STEPS_KEY, DEFAULT_ADMIT_EVERY_STEPS, 1),
-        _int_at_least(vllm_config, ADMIT_MIN_RUNNING_KEY, DEFAULT_ADMIT_MIN_RUNNING, 0),
+        additional_config_int(vllm_config, ADMIT_EVERY_STEPS_KEY, DEFAULT_ADMIT_EVERY_STEPS, 1),
+        additional_config_int(vllm_config, ADMIT_MIN_RUNNING_KEY, DEFAULT_ADMIT_MIN_RUNNING, 0),
     )
 
 

@@ -34,7 +34,7 @@ from vllm_omni_kani.core.sched.finished_tokens import FinishedTokensLog
 from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
 from vllm_omni_kani.core.sched.request_ids import forget_requests
 from vllm_omni_kani.core.sched.step_kinds import StepKinds
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config_int
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,7 @@ DEFAULT_OUTPUT_EVERY_STEPS = 8
 
 def output_every_steps(vllm_config: Any) -> int:
     """``kani_output_every_steps`` from Stage 0's additional_config; raises ValueError unless a positive int."""
-    raw = additional_config(vllm_config).get(OUTPUT_EVERY_STEPS_KEY, DEFAULT_OUTPUT_EVERY_STEPS)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise ValueError(f"additional_config.{OUTPUT_EVERY_STEPS_KEY}={raw!r}: expected an integer >= 1")
-    return raw
+    return additional_config_int(vllm_config, OUTPUT_EVERY_STEPS_KEY, DEFAULT_OUTPUT_EVERY_STEPS, 1)
 
 
 def _may_wait(o: EngineCoreOutput) -> bool:

@@ -42,6 +42,15 @@ def additional_config(vllm_config: Any) -> Mapping[str, Any]:
     return config if isinstance(config, Mapping) else {}
 
 
+def additional_config_int(vllm_config: Any, key: str, default: int, least: int) -> int:
+    """An integer key of a stage's ``additional_config`` (``default`` when absent); ValueError unless an int (not a
+    bool) of at least ``least``, so a typo in a deploy file stops the engine instead of being read as something else."""
+    raw = additional_config(vllm_config).get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < least:
+        raise ValueError(f"additional_config.{key}={raw!r}: expected an integer >= {least}")
+    return raw
+
+
 class KaniConfigError(ValueError):
     """A checkpoint whose config cannot be served as Kani TTS."""
 
