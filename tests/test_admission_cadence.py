@@ -16,8 +16,10 @@ from vllm.v1.request import Request
 from vllm_omni_kani.core.sched.admission_cadence import (
     ADMIT_EVERY_STEPS_KEY,
     ADMIT_MIN_RUNNING_KEY,
+    ADMIT_ROWS_PER_STEP_KEY,
     DEFAULT_ADMIT_EVERY_STEPS,
     DEFAULT_ADMIT_MIN_RUNNING,
+    DEFAULT_ADMIT_ROWS_PER_STEP,
     AdmissionGate,
     admission_cadence,
 )
@@ -89,6 +91,21 @@ def test_the_gate_holds_at_most_every_minus_one_steps_in_a_row_and_only_under_lo
     assert not any(AdmissionGate(every=1, min_running=0).defer(running=100, waiting=9) for _ in range(10))
 
 
+def test_with_rows_per_step_the_cadence_follows_the_running_count_up_to_every():
+    gate = AdmissionGate(every=8, min_running=16, rows_per_step=10)
+
+    def admitted_every(running: int) -> int:
+        """Steps from one admission to the next with ``running`` requests and a prompt always waiting."""
+        gate.held = 0
+        decisions = [gate.defer(running=running, waiting=1) for _ in range(40)]
+        return decisions.index(False) + 1
+
+    assert [admitted_every(n) for n in (15, 16, 25, 30, 64, 79, 80, 128, 256)] == [1, 1, 2, 3, 6, 7, 8, 8, 8]
+    # a streak started under a heavy load ends as soon as the load falls to the current cadence
+    gate.held = 0
+    assert [gate.defer(running=n, waiting=1) for n in (128, 128, 128, 30, 128)] == [True, True, True, False, True]
+
+
 def test_under_load_new_prompts_are_admitted_together_every_kth_step(tiny_flattened):
     sched = scheduler(tiny_flattened, **{ADMIT_EVERY_STEPS_KEY: 4, ADMIT_MIN_RUNNING_KEY: 2})
     arrivals = {0: [("a", 200), ("b", 200)], 2: [("c", 200)], 3: [("d", 200)], 9: [("e", 200)], 10: [("f", 200)]}
@@ -96,6 +113,18 @@ def test_under_load_new_prompts_are_admitted_together_every_kth_step(tiny_flatte
     # a, b start an empty engine at once; c waits 3 steps (2, 3, 4) and d goes with it; e waits 3 and f with it.
     assert first == {"a": 0, "b": 0, "c": 5, "d": 5, "e": 12, "f": 12}
     assert sched.admission_gate.deferred_steps == 3 + 3
+
+
+@pytest.mark.parametrize(("rows_per_step", "admitted_at"), [(2, 4), (1, 7), (0, 9)])
+def test_with_rows_per_step_the_served_scheduler_holds_prompts_for_running_over_r_steps(
+    tiny_flattened, rows_per_step, admitted_at
+):
+    """Six running requests: R = 2 admits every 3 steps, R = 1 every 6, no R every 8 (``kani_admit_every_steps``)."""
+    keys = {ADMIT_EVERY_STEPS_KEY: 8, ADMIT_MIN_RUNNING_KEY: 1, ADMIT_ROWS_PER_STEP_KEY: rows_per_step}
+    sched = scheduler(tiny_flattened, **keys)
+    arrivals = {0: [(f"s{i}", 300) for i in range(6)], 2: [("c", 300)]}
+    first = run(sched, arrivals, steps=12)
+    assert first == {**{f"s{i}": 0 for i in range(6)}, "c": admitted_at}
 
 
 def test_a_light_load_and_the_default_admit_every_step_as_vllm_omni_does(tiny_flattened):
@@ -136,9 +165,18 @@ def test_the_keys_are_integers_in_range():
     def config(**additional):
         return SimpleNamespace(additional_config=additional)
 
-    assert admission_cadence(config()) == (DEFAULT_ADMIT_EVERY_STEPS, DEFAULT_ADMIT_MIN_RUNNING) == (1, 64)
-    assert admission_cadence(config(**{ADMIT_EVERY_STEPS_KEY: 4, ADMIT_MIN_RUNNING_KEY: 0})) == (4, 0)
-    for key, bad in ((ADMIT_EVERY_STEPS_KEY, 0), (ADMIT_EVERY_STEPS_KEY, "4"), (ADMIT_MIN_RUNNING_KEY, -1)):
+    defaults = (DEFAULT_ADMIT_EVERY_STEPS, DEFAULT_ADMIT_MIN_RUNNING, DEFAULT_ADMIT_ROWS_PER_STEP)
+    assert admission_cadence(config()) == defaults == (1, 64, 0)
+    assert admission_cadence(config(**{ADMIT_EVERY_STEPS_KEY: 4, ADMIT_MIN_RUNNING_KEY: 0})) == (4, 0, 0)
+    assert admission_cadence(config(**{ADMIT_ROWS_PER_STEP_KEY: 12})) == (1, 64, 12)
+    bad_values = (
+        (ADMIT_EVERY_STEPS_KEY, 0),
+        (ADMIT_EVERY_STEPS_KEY, "4"),
+        (ADMIT_MIN_RUNNING_KEY, -1),
+        (ADMIT_ROWS_PER_STEP_KEY, -2),
+        (ADMIT_ROWS_PER_STEP_KEY, 1.5),
+    )
+    for key, bad in bad_values:
         with pytest.raises(ValueError, match=key):
             admission_cadence(config(**{key: bad}))
     with pytest.raises(ValueError, match=ADMIT_MIN_RUNNING_KEY):

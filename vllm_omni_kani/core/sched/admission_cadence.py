@@ -13,6 +13,12 @@ own hook (``OmniARScheduler._should_defer_waiting_admission``: the waiting queue
 requests already running (a chunked prompt in progress among them) are scheduled as before, a preempted request
 waits in the same queue as the new ones (held with them), and nothing is reordered.
 ``kani_admit_every_steps: 1`` (the default) is vLLM's behaviour.
+
+With ``kani_admit_rows_per_step: R`` the cadence follows the load: an engine running ``n`` requests admits every
+``min(kani_admit_every_steps, n // R)`` steps. Closed-loop streams send a new prompt as one ends, so prompts arrive
+in proportion to the running requests: the same rule gathers about as many prompts per admitting step at 64 streams
+as at 256, where a fixed ``k`` either holds a lightly loaded engine's few prompts as long as a full one's or lets a
+full one admit nearly every step. ``0`` (the default) keeps ``k`` fixed.
 """
 
 from __future__ import annotations
@@ -27,31 +33,36 @@ logger = logging.getLogger(__name__)
 # Stage 0 additional_config keys (module docstring).
 ADMIT_EVERY_STEPS_KEY = "kani_admit_every_steps"
 ADMIT_MIN_RUNNING_KEY = "kani_admit_min_running"
+ADMIT_ROWS_PER_STEP_KEY = "kani_admit_rows_per_step"
 DEFAULT_ADMIT_EVERY_STEPS = 1
 DEFAULT_ADMIT_MIN_RUNNING = 64
+DEFAULT_ADMIT_ROWS_PER_STEP = 0
 
 
-def admission_cadence(vllm_config: Any) -> tuple[int, int]:
-    """``(every, min_running)`` from Stage 0's additional_config; ValueError unless ``every >= 1`` and
-    ``min_running >= 0``."""
+def admission_cadence(vllm_config: Any) -> tuple[int, int, int]:
+    """``(every, min_running, rows_per_step)`` from Stage 0's additional_config; ValueError unless ``every >= 1``,
+    ``min_running >= 0`` and ``rows_per_step >= 0``."""
     return (
         additional_config_int(vllm_config, ADMIT_EVERY_STEPS_KEY, DEFAULT_ADMIT_EVERY_STEPS, 1),
         additional_config_int(vllm_config, ADMIT_MIN_RUNNING_KEY, DEFAULT_ADMIT_MIN_RUNNING, 0),
+        additional_config_int(vllm_config, ADMIT_ROWS_PER_STEP_KEY, DEFAULT_ADMIT_ROWS_PER_STEP, 0),
     )
 
 
 class AdmissionGate:
     """Decides, step by step, whether waiting prompts wait one more step (module docstring)."""
 
-    def __init__(self, every: int, min_running: int) -> None:
+    def __init__(self, every: int, min_running: int, rows_per_step: int = 0) -> None:
         self.every = every
         self.min_running = min_running
+        self.rows_per_step = rows_per_step
         self.held = 0  # steps in a row that set the waiting prompts aside
         self.deferred_steps = 0  # over the engine's life, for its log and the tests
 
     def defer(self, running: int, waiting: int) -> bool:
         """Whether this step leaves the ``waiting`` prompts where they are, with ``running`` requests in the batch."""
-        if self.every > 1 and waiting and running >= self.min_running and self.held < self.every - 1:
+        every = min(self.every, running // self.rows_per_step) if self.rows_per_step else self.every
+        if every > 1 and waiting and running >= self.min_running and self.held < every - 1:
             self.held += 1
             self.deferred_steps += 1
             return True
@@ -64,12 +75,13 @@ class AdmissionCadence:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        every, min_running = admission_cadence(self.vllm_config)
-        self.admission_gate = AdmissionGate(every, min_running)
+        every, min_running, rows_per_step = admission_cadence(self.vllm_config)
+        self.admission_gate = AdmissionGate(every, min_running, rows_per_step)
         if every > 1:
+            cadence = f"min({every}, running // {rows_per_step})" if rows_per_step else str(every)
             logger.info(
-                "Kani Stage-0 scheduler: new prompts admitted every %d steps while %d or more requests run",
-                every,
+                "Kani Stage-0 scheduler: new prompts admitted every %s steps while %d or more requests run",
+                cadence,
                 min_running,
             )
 
