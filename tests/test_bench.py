@@ -197,6 +197,17 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     firsts = sorted(level["trace"], key=lambda t: t["sent"])[:2]
     assert row["TTFA (ms)"]["p95"] <= max(t["first_byte"] - t["sent"] for t in firsts) * 1000.0 + 0.1
     assert first_wave.wave_entry(level["trace"], {}, stages, 2) == {"requests": 0}
+    # Where the streams' time went (stream_time.py): three requests on two streams, so one stream fell idle once the
+    # third was taken; before and after the first audio split the requests' time in flight.
+    import stream_time
+
+    spent = stream_time.stream_time(level)
+    assert (spent["concurrency"], spent["requests"]) == (2, 3)
+    assert 0 < spent["busy"] < 1 and spent["drain (s)"] > 0
+    assert 0 < spent["before first audio"] < 1
+    assert spent["before first audio"] + spent["after first audio"] == pytest.approx(1.0, abs=2e-3)
+    assert spent["frames/s if always busy"] >= spent["frames/s"] > 0
+    assert stream_time.stream_time({k: v for k, v in level.items() if k != "trace"}) == {}
 
 
 def test_staggered_streams_send_their_first_requests_apart(omni_server, tiny_parallel, tmp_path):
