@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def stream_time(level: dict) -> dict[str, float | int]:
-    """The level's row (module docstring) from its ``trace``; ``{}`` when it has none."""
+    """The level's row (module docstring) from its ``trace``; ``{}`` when it has none (or no time passed)."""
     traces = [t for t in level.get("trace") or () if t.get("first_byte") is not None and t.get("end") is not None]
     if not traces:
         return {}
@@ -32,6 +32,8 @@ def stream_time(level: dict) -> dict[str, float | int]:
     end = max(t["end"] for t in traces)
     wall = end - start
     in_flight = sum(t["end"] - t["sent"] for t in traces)
+    if wall <= 0 or in_flight <= 0:
+        return {}
     before = sum(t["first_byte"] - t["sent"] for t in traces)
     busy = in_flight / (level["concurrency"] * wall)
     return {

@@ -15,10 +15,10 @@ waits in the same queue as the new ones (held with them), and nothing is reorder
 ``kani_admit_every_steps: 1`` (the default) is vLLM's behaviour.
 
 With ``kani_admit_rows_per_step: R`` the cadence follows the load: an engine running ``n`` requests admits every
-``min(kani_admit_every_steps, n // R)`` steps. Closed-loop streams send a new prompt as one ends, so prompts arrive
-in proportion to the running requests: the same rule gathers about as many prompts per admitting step at 64 streams
-as at 256, where a fixed ``k`` either holds a lightly loaded engine's few prompts as long as a full one's or lets a
-full one admit nearly every step. ``0`` (the default) keeps ``k`` fixed.
+``min(kani_admit_every_steps, n // R)`` steps, so a lightly loaded engine, whose few prompts a fixed ``k`` would hold
+as long as a full engine's, holds them a step or two, and a full one up to ``k - 1``. Served on an H200 (16 / 16 /
+R 8 against the shipped 8 / 64) it made no resolved difference (docs/BENCHMARKS.md, fiftieth set). ``0`` (the
+default) keeps ``k`` fixed.
 """
 
 from __future__ import annotations
