@@ -3,21 +3,30 @@
 The scheduler itself runs in every served test: ``kani_tts_cpu.yaml`` bounds a codec step to 32 frames, so the
 serving tests' concurrent streams (``test_serving.py``, ``test_reliability.py``, ``test_shm_cleanup.py``) decode
 with chunks held back, and their audio is checked against solo runs and against each request's frames there;
-``test_serving.py`` also reads the scheduler's summary line from the server's log.
+``test_serving.py`` also reads the scheduler's summary line from the server's log. ``codec_first_chunks_out_first``
+acts only through vLLM's batch queue, which the CPU platform never runs (no async scheduling): it is checked here
+against vLLM's own ``EngineCore.step_with_batch_queue`` over the real scheduler, with an executor that queues steps.
 """
 
 from __future__ import annotations
 
+import queue
+from collections import deque
+from concurrent.futures import Future
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_omni_kani.core.sched.codec_scheduler import (
     DEFAULT_STEP_MAX_FRAMES,
     FIRST_CHUNKS_ALONE_KEY,
+    FIRST_CHUNKS_OUT_FIRST_KEY,
     BudgetStats,
     KaniCodecScheduler,
+    boolean_key,
     chunk_frames,
     deferred_from,
     first_chunks_alone,
@@ -149,3 +158,91 @@ def test_both_pipelines_schedule_the_codec_stage_with_it():
     for pipeline in PIPELINES.values():
         (codec,) = [stage for stage in pipeline.stages if stage.stage_id == 1]
         assert codec.scheduler_cls == CODEC_SCHEDULER
+
+
+def test_the_first_chunks_out_first_knob_is_a_boolean():
+    assert boolean_key({}, FIRST_CHUNKS_OUT_FIRST_KEY) is False
+    assert boolean_key({FIRST_CHUNKS_OUT_FIRST_KEY: True}, FIRST_CHUNKS_OUT_FIRST_KEY) is True
+    with pytest.raises(ValueError, match=FIRST_CHUNKS_OUT_FIRST_KEY):
+        boolean_key({FIRST_CHUNKS_OUT_FIRST_KEY: "false"}, FIRST_CHUNKS_OUT_FIRST_KEY)
+
+
+class _QueuedExecutor:
+    """An executor whose steps run "on the device" behind the engine: ``execute_model`` notes the launch and hands
+    back a finished future, the way an async-scheduled step's result is waited for later. (The CPU platform turns
+    async scheduling off, so no real executor here queues steps.)"""
+
+    def __init__(self, events: list[tuple[str, tuple[str, ...]]]) -> None:
+        self.events = events
+
+    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Future:
+        ids = list(scheduler_output.num_scheduled_tokens)
+        self.events.append(("launch", tuple(ids)))
+        future: Future = Future()
+        future.set_result(
+            ModelRunnerOutput(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=[],
+                pooler_output=[torch.zeros(1) for _ in ids],
+            )
+        )
+        return future
+
+
+def _batch_queue_engine(ckpt: Any, **additional: Any) -> tuple[Any, list[tuple[str, tuple[str, ...]]]]:
+    """vLLM's own ``EngineCore.step_with_batch_queue`` (a queue of two steps, as under async scheduling) over a real
+    ``KaniCodecScheduler``; the launches and the outputs as they happen, in ``events``."""
+    from vllm.v1.engine.core import EngineCore
+
+    from tests.test_admission_cadence import scheduler
+
+    events: list[tuple[str, tuple[str, ...]]] = []
+    sched = scheduler(ckpt, scheduler_cls=KaniCodecScheduler, **additional)
+    core = EngineCore.__new__(EngineCore)
+    core.scheduler, core.model_executor, core.vllm_config = sched, _QueuedExecutor(events), sched.vllm_config
+    core.batch_queue_size, core.batch_queue = 2, deque(maxlen=2)
+    core.is_ec_consumer, core.is_pooling_model, core.log_stats = True, True, False
+    core.check_for_draft_tokens, core.aborts_queue = False, queue.Queue()
+    return core, events
+
+
+def _drive(core: Any, events: list, arrivals: dict[int, list[str]], calls: int) -> None:
+    """Call the engine's step ``calls`` times (as its busy loop would while it has work), adding ``arrivals[call]``
+    (one-frame codec requests) first; each call's outputs go into ``events`` when the call returns them."""
+    from tests.test_admission_cadence import request
+
+    for call in range(calls):
+        for rid in arrivals.get(call, ()):
+            core.scheduler.add_request(request(rid, 1))
+        if not (core.scheduler.has_requests() or core.batch_queue):
+            continue
+        outputs, _ = core.step_with_batch_queue()
+        done = tuple(o.request_id for batch in (outputs or {}).values() for o in batch.outputs)
+        if done:
+            events.append(("output", done))
+
+
+def _taken(events: list[tuple[str, tuple[str, ...]]]) -> list[tuple[str, tuple[str, ...]]]:
+    """The events that carry requests (the engine also launches empty steps, e.g. to return finished ids)."""
+    return [event for event in events if event[1]]
+
+
+def test_with_out_first_a_step_of_first_chunks_leaves_before_the_next_step_is_launched(tiny_flattened):
+    arrivals = {0: ["a"], 1: ["b"], 3: ["c"]}
+    core, events = _batch_queue_engine(tiny_flattened)
+    _drive(core, events, arrivals, calls=8)
+    # vLLM's order: the next step is launched before the one in flight is taken ("b" before "a"'s output).
+    assert _taken(events)[:3] == [("launch", ("a",)), ("launch", ("b",)), ("output", ("a",))]
+
+    core, events = _batch_queue_engine(tiny_flattened, **{FIRST_CHUNKS_OUT_FIRST_KEY: True})
+    _drive(core, events, arrivals, calls=8)
+    assert _taken(events) == [
+        ("launch", ("a",)),
+        ("output", ("a",)),
+        ("launch", ("b",)),
+        ("output", ("b",)),
+        ("launch", ("c",)),
+        ("output", ("c",)),
+    ]
+    assert not core.scheduler._first_steps_in_flight and not core.scheduler.requests

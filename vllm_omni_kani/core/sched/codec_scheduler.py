@@ -20,6 +20,16 @@ a running chunk waits one short step at most. The first-output trace put a first
 at 64 streams on an H200 (docs/BENCHMARKS.md, twenty-first set), where a step of first chunks alone replays in
 5-19 ms (fifteenth set). With requests arriving one by one at 256 streams it cut that step from 154-161 to
 103-114 ms p50 and TTFA by 9-12% (twenty-second set).
+
+``codec_first_chunks_out_first`` (off unless set) hands a step of first chunks back before the next step is
+scheduled. Under async scheduling vLLM's batch queue (``EngineCore.step_with_batch_queue``) schedules and launches
+step N+1 before it waits for step N and turns it into outputs, so a short step of first chunks leaves only after
+the next, often larger, step has been assembled and launched: in about half of such steps the first audio left
+8-10 ms p50 after the next step was scheduled (fiftieth set). With the key on, ``has_requests()`` reads False from
+the scheduling of a step that holds a first chunk until ``update_from_output`` has taken that step, so the engine
+pops it instead of scheduling another; the next step is then scheduled after it (the GPU idles for that step's
+host work, and the engine loop sleeps 1 ms once). Without a batch queue (the CPU platform: no async scheduling)
+every step is taken in the call that scheduled it, and the key changes nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_STEP_MAX_FRAMES = 0
 # Stage 1 additional_config: a step with first chunks takes nothing else (module docstring).
 FIRST_CHUNKS_ALONE_KEY = "codec_first_chunks_alone"
+# Stage 1 additional_config: a step with first chunks is taken before the next is scheduled (module docstring).
+FIRST_CHUNKS_OUT_FIRST_KEY = "codec_first_chunks_out_first"
 # The scheduler logs what the bound did when it held chunks back, at most this often.
 SUMMARY_INTERVAL_S = 10.0
 
@@ -108,6 +120,10 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         config = additional_config(self.vllm_config)
         self.step_max_frames = step_max_frames(config)
         self.first_chunks_alone = first_chunks_alone(config)
+        self.first_chunks_out_first = boolean_key(config, FIRST_CHUNKS_OUT_FIRST_KEY)
+        # id() of each scheduled step that holds a first chunk and that update_from_output has not taken yet (the
+        # engine's batch queue keeps the step object alive until then, so the id is unique meanwhile).
+        self._first_steps_in_flight: set[int] = set()
         self._held_last = False  # the last step held running chunks back for its first chunks
         self._started: set[str] = set()  # request ids of the streams a step has taken a chunk of
         self._deferred: list[Request] = []
@@ -115,6 +131,7 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         self._last_summary: float | None = None
         adapter = self.chunk_transfer_adapter
         self._assembles = adapter is not None and (self.step_max_frames > 0 or self.first_chunks_alone)
+        self._tracks_starts = self._assembles or self.first_chunks_out_first
         if self._assembles:
             # The budget applies right after this step's chunks were received, before the step is assembled.
             receive = adapter.process_pending_chunks
@@ -125,9 +142,10 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
 
             adapter.process_pending_chunks = receive_then_bound
         logger.info(
-            "Kani codec scheduler: at most %s frames a step, first chunks first%s",
+            "Kani codec scheduler: at most %s frames a step, first chunks first%s%s",
             self.step_max_frames if self.step_max_frames > 0 else "(no bound)",
             ", and alone" if self.first_chunks_alone else "",
+            ", out before the next step" if self.first_chunks_out_first else "",
         )
 
     def _ready(self, requests: Iterable[Request]) -> list[Request]:
@@ -170,9 +188,12 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
     def schedule(self, throttle_prefills: bool = False) -> Any:
         try:
             scheduler_output = super().schedule(throttle_prefills)
-            if self._assembles:
+            if self._tracks_starts:
+                scheduled = scheduler_output.num_scheduled_tokens
+                if self.first_chunks_out_first and not self._started.issuperset(scheduled):
+                    self._first_steps_in_flight.add(id(scheduler_output))
                 # Streams that have had a chunk scheduled; finished ones leave with their requests.
-                self._started.update(scheduler_output.num_scheduled_tokens)
+                self._started.update(scheduled)
                 self._started.intersection_update(self.requests)
             return scheduler_output
         finally:
@@ -182,6 +203,16 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
                 self.max_num_running_reqs += len(self._deferred)
                 self._deferred = []
             self._maybe_log_summary()
+
+    def has_requests(self) -> bool:
+        """False while a step of first chunks is in flight, so the engine takes it before scheduling another."""
+        if self._first_steps_in_flight:
+            return False
+        return super().has_requests()
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        self._first_steps_in_flight.discard(id(scheduler_output))
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def _maybe_log_summary(self) -> None:
         """A line when the bound held chunks back, at most every ``SUMMARY_INTERVAL_S`` (counts since the last)."""
@@ -218,7 +249,12 @@ def step_max_frames(config: Any) -> int:
 
 def first_chunks_alone(config: Any) -> bool:
     """``codec_first_chunks_alone`` of a Stage-1 ``additional_config`` (default off); a YAML boolean only."""
-    raw = config.get(FIRST_CHUNKS_ALONE_KEY, False)
+    return boolean_key(config, FIRST_CHUNKS_ALONE_KEY)
+
+
+def boolean_key(config: Any, key: str) -> bool:
+    """A Stage-1 ``additional_config`` switch (default off); a YAML boolean only, so a quoted "false" is refused."""
+    raw = config.get(key, False)
     if not isinstance(raw, bool):
-        raise ValueError(f"{FIRST_CHUNKS_ALONE_KEY} must be true or false, got {raw!r}")
+        raise ValueError(f"{key} must be true or false, got {raw!r}")
     return raw
