@@ -36,8 +36,9 @@
 #   asyncserved  `served` with vLLM-Omni's deferred output building on as well (output), with Stage 0's async
 #            scheduling on (sched: shipped since the twenty-seventh set) or off (sync: the file before it), ASYNC_SIDES
 #            picks (default output sched), audio vs frames each; send beside `served`
-#   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames: CPU per process and thread, py-spy
-#            stacks of the API server (and its GIL) and of each stage's engine core (benchmarks/gpu/profile_served.py);
+#   profile  the shipped YAML under 256 streams (PROFILE_STREAMS) of 250 frames (PROFILE_FRAMES): CPU per process and
+#            thread, py-spy stacks of the API server (and its GIL) and of each stage's engine core
+#            (benchmarks/gpu/profile_served.py);
 #            PROFILE_CHANGES (dotted.key=value ..., as variant takes them) profiles the shipped file with those changes,
 #            PROFILE_YAML another deploy file (e.g. stage_configs/kani_tts_one_lm.yaml: one Stage-0 engine); PROFILE_LIMIT_S
 #            the step's limit (default 420; a fresh machine starting several engines needs more)
@@ -395,7 +396,7 @@ for phase in "$@"; do
       # shellcheck disable=SC2086
       [ -z "${PROFILE_CHANGES:-}" ] || { variant kani_tts_profile $PROFILE_CHANGES; yaml=stage_configs/kani_tts_profile.yaml; }
       step profile "${PROFILE_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
-        --deploy-config "$yaml" --out "$R/profile-${PROFILE_STREAMS:-256}" --frames 250 \
+        --deploy-config "$yaml" --out "$R/profile-${PROFILE_STREAMS:-256}" --frames "${PROFILE_FRAMES:-250}" \
         --streams "${PROFILE_STREAMS:-256}"
       cleanup
       pack profile ;;
