@@ -7,7 +7,9 @@ line per request (``core/sched/first_outputs.py``); a ``bench --trace`` sweep le
 points. All are ``time.perf_counter()`` of one host. Joined by request id (the engine request is
 ``speech-<X-Request-Id>-<8 hex>``), they split ``ttfa_breakdown.py``'s "queued -> first audio put on the orchestrator's
 queue" into consecutive segments (``SEGMENTS``) that add up to it. Each level's first wave (its first ``concurrency``
-requests by send time, sent at once) and its later waves (sent into a loaded server) are reported apart.
+requests by send time, sent at once) and its later waves (sent into a loaded server) are reported apart. The
+server's ``read`` point (the orchestrator's read of the codec's message ended, ``engine/replica_outputs.py``) splits
+the last segment in two; a server without it (sets up to the fifty-first) gives that segment whole (``UNREAD``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,22 @@ SEGMENTS = (
         "s1_scheduled",
     ),
     ("codec: first chunk scheduled -> first audio out (its step)", "s1_scheduled", "s1_output"),
-    ("codec's first audio -> put on the orchestrator's queue (transport, orchestrator)", "s1_output", "orchestrated"),
+    (
+        "codec's first audio -> the orchestrator has read it (the codec's output thread, transport, decoding)",
+        "s1_output",
+        "read",
+    ),
+    (
+        "read -> put on the orchestrator's queue (its pass over the stages' messages, processing)",
+        "read",
+        "orchestrated",
+    ),
+)
+# Servers that did not note the orchestrator's read (sets up to the fifty-first): SEGMENTS' last two as one.
+UNREAD = (
+    "codec's first audio -> put on the orchestrator's queue (transport, orchestrator)",
+    "s1_output",
+    "orchestrated",
 )
 
 
@@ -56,17 +73,20 @@ def first_output_points(lines: list[str]) -> dict[str, dict[str, float]]:
 
 
 def engine_segments(traces: list[dict], ttfa: dict[str, dict[str, float]], stages: dict[str, dict[str, float]]):
-    """Milliseconds of each of ``SEGMENTS`` over the traces with every point, and how many those are."""
-    out: dict[str, list[float]] = {name: [] for name, _, _ in SEGMENTS}
+    """Milliseconds of each of ``SEGMENTS`` (``UNREAD`` for a trace without the ``read`` point) over the traces with
+    every point, and how many those are; segments no trace had are left out."""
+    unread = (*SEGMENTS[:-2], UNREAD)
+    out: dict[str, list[float]] = {name: [] for name, _, _ in (*SEGMENTS, UNREAD)}
     joined = 0
     for trace in traces:
         stamps = {**ttfa.get(trace["id"], {}), **stages.get(trace["id"], {})}
-        if any(stamps.get(point) is None for _, a, b in SEGMENTS for point in (a, b)):
+        chain = SEGMENTS if stamps.get("read") is not None else unread
+        if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):
             continue
         joined += 1
-        for name, a, b in SEGMENTS:
+        for name, a, b in chain:
             out[name].append((stamps[b] - stamps[a]) * 1000.0)
-    return out, joined
+    return {name: values for name, values in out.items() if values}, joined
 
 
 def traced_run(description: str) -> tuple[argparse.Namespace, dict, dict, list[dict]]:
@@ -93,8 +113,8 @@ def main() -> None:
             row.update({name: _pcts(values) for name, values in split.items() if values})
             report.append(row)
             print(f"c={concurrency} {wave} ({joined} requests with every point)")
-            for name, _, _ in SEGMENTS:
-                value = row.get(name, {})
+            for name in split:
+                value = row[name]
                 print(f"  {name:<104} p50 {value.get('p50', '-'):>8}  p95 {value.get('p95', '-'):>8}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")

@@ -4,6 +4,7 @@ as vLLM-Omni uses it (the orchestrator puts on its async side, the API loop take
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import janus
 from vllm_omni.engine.messages import OutputMessage, StageMetricsMessage
@@ -66,3 +67,19 @@ def test_the_engine_requests_queueing_is_kept_once_for_watched_requests_only():
     assert output_handoff.queued_at("speech-z") is None
     output_handoff.release("speech-q")
     assert output_handoff.queued_at("speech-q") is None
+
+
+def test_the_orchestrators_first_read_of_each_stage_is_kept_for_watched_requests_only():
+    assert not output_handoff.watching()
+    output_handoff.watch("speech-r")
+    assert output_handoff.watching() and output_handoff.read_at("speech-r") is None
+    stage0 = [SimpleNamespace(request_id="speech-r-0123abcd"), SimpleNamespace(request_id="speech-x-0123abcd")]
+    output_handoff.note_read(0, stage0, 1.0)
+    output_handoff.note_read(0, stage0, 2.0)  # a later Stage-0 message keeps the first read
+    assert output_handoff.read_at("speech-r") == 1.0
+    output_handoff.note_read(1, [SimpleNamespace(request_id="speech-r-0123abcd")], 3.0)
+    output_handoff.note_read(1, [SimpleNamespace(request_id="speech-r-0123abcd")], 4.0)
+    assert output_handoff.read_at("speech-r") == 3.0  # the latest stage's first: the codec's, at the first audio
+    assert output_handoff.read_at("speech-x") is None  # never watched
+    output_handoff.release("speech-r")
+    assert output_handoff.read_at("speech-r") is None and not output_handoff.watching()

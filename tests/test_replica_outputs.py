@@ -157,3 +157,32 @@ def test_a_dropped_replica_cancels_its_read_and_polls_leave_nothing_over_10000_r
 
     cancelled, left = asyncio.run(run())
     assert cancelled and left == 2  # one read pending per replica, none piled up
+
+
+def test_a_read_keeps_when_it_ended_and_a_watched_requests_read_is_noted():
+    """The patched ``StagePool.poll_llm_raw_output`` over a stand-in pool whose one replica is a queue of raw outputs
+    (what ``_poll_stage_raw`` reads); the served path runs in ``test_bench.py``'s traced test."""
+    from types import SimpleNamespace
+
+    from vllm_omni_kani.engine.replica_outputs import poll_llm_raw_output
+    from vllm_omni_kani.entrypoints import output_handoff
+
+    async def run() -> tuple[float, float, object]:
+        queue: asyncio.Queue = asyncio.Queue()
+        pool = SimpleNamespace(
+            stage_id=1, clients=[queue], is_replica_available=lambda _: True, _poll_stage_raw=lambda q: q.get()
+        )
+        assert await poll_llm_raw_output(pool, 0) is None  # nothing yet: the replica's read stays pending
+        output_handoff.watch("speech-w")
+        put = time.perf_counter()
+        queue.put_nowait(SimpleNamespace(outputs=[SimpleNamespace(request_id="speech-w-0123abcd")]))
+        await asyncio.sleep(0.05)  # the read ends meanwhile; the orchestrator's pass takes it after
+        return put, time.perf_counter(), await poll_llm_raw_output(pool, 0)
+
+    try:
+        put, before_take, result = asyncio.run(run())
+        read = output_handoff.read_at("speech-w")
+        assert result is not None and read is not None
+        assert put <= read < put + 0.05 <= before_take  # when the read ended, not when the pass took it
+    finally:
+        output_handoff.release("speech-w")

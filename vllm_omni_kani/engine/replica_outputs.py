@@ -10,14 +10,22 @@ result is taken; a poll whose read is done returns its result, and a poll that f
 until one is, or at most ``IDLE_WAIT_S``. Outputs reach the orchestrator as soon as any replica has one (the waiting
 poll returns, and the pass goes on to the replica whose read finished); an idle orchestrator wakes a few times a
 second.
+
+Each read also keeps when it finished (the replica's message read off its socket and decoded): for a request traced
+with ``X-Kani-Trace`` ``output_handoff.note_read`` keeps it, so its first audio's way from the codec to the
+orchestrator's queue splits into the crossing to this thread and the orchestrator's pass
+(``benchmarks/first_outputs.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from vllm_omni_kani.entrypoints import output_handoff
 
 # How long a poll that finds nothing ready waits for any replica's read to finish (an idle pass of the orchestrator
 # loop polls every replica, so it wakes every few multiples of this; any output ends the wait at once).
@@ -30,18 +38,27 @@ class ReplicaReads:
     def __init__(self) -> None:
         self.reads: dict[tuple[int, int], asyncio.Task] = {}
         self.finished = asyncio.Event()
+        # perf_counter seconds at which each replica's pending read finished (until its result is taken), and that
+        # of the read whose result take() returned last.
+        self.done_at: dict[tuple[int, int], float] = {}
+        self.taken_done_at = 0.0
 
     def read(self, key: tuple[int, int], start: Callable[[], Awaitable[Any]]) -> asyncio.Task:
         """The replica's pending read, started with ``start()`` when it has none."""
         task = self.reads.get(key)
         if task is None:
             task = asyncio.ensure_future(start())
-            task.add_done_callback(lambda _: self.finished.set())
+            task.add_done_callback(lambda _: self._finished(key))
             self.reads[key] = task
         return task
 
+    def _finished(self, key: tuple[int, int]) -> None:
+        self.done_at[key] = time.perf_counter()
+        self.finished.set()
+
     def drop(self, key: tuple[int, int]) -> None:
         """Forget (and cancel) a replica's read: the replica left."""
+        self.done_at.pop(key, None)
         task = self.reads.pop(key, None)
         if task is not None and not task.done():
             task.cancel()
@@ -70,6 +87,8 @@ class ReplicaReads:
             if not task.done():
                 return None
         del self.reads[key]
+        # Its done callback may not have run yet (it is scheduled when the read ends): then the read ended by now.
+        self.taken_done_at = self.done_at.pop(key, None) or time.perf_counter()
         result = task.result()  # a failed read raises here and leaves no read behind: the next poll starts one
         self.read(key, start)
         return result
@@ -97,4 +116,7 @@ async def poll_llm_raw_output(pool: Any, replica_id: int, *, timeout_s: float = 
         reads.drop(key)
         return None
     # A failed read is forgotten by take() before it raises here: the replica's next poll reads again.
-    return await reads.take(key, lambda: pool._poll_stage_raw(client), IDLE_WAIT_S)
+    result = await reads.take(key, lambda: pool._poll_stage_raw(client), IDLE_WAIT_S)
+    if result is not None and output_handoff.watching():
+        output_handoff.note_read(pool.stage_id, getattr(result, "outputs", ()), reads.taken_done_at)
+    return result

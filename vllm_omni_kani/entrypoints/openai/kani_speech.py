@@ -156,6 +156,9 @@ async def prepare_kani_speech(
                         queued = output_handoff.queued_at(first_id)
                         if queued is not None:
                             entry.stamp("queued", queued)
+                        read = output_handoff.read_at(first_id)
+                        if read is not None:
+                            entry.stamp("read", read)
                         if handoff is not None:
                             entry.stamp("orchestrated", handoff[0])
                             entry.stamp("dequeued", handoff[1])

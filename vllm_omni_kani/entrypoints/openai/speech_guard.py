@@ -68,15 +68,17 @@ _ERROR_TYPES = {400: "BadRequestError", 409: "ConflictError", 503: "ServiceUnava
 TRACE_HEADER = "x-kani-trace"
 # In order: admitted by this middleware (its headers are in); its body received in full (``CancellableReceive``); the
 # speech handler preparing it; its output generator made ("submitted"); its engine request queued for the
-# orchestrator, at that generator's first step (``early_start``); the message with its first audio put on the
-# orchestrator's output queue and taken off it by the API loop (``output_handoff``); that audio at the speech handler
-# (``kani_speech``); the first audio bytes handed to the server; the response ended.
+# orchestrator, at that generator's first step (``early_start``); the orchestrator's read of the codec's message with
+# its first audio ended; that message put on the orchestrator's output queue and taken off it by the API loop
+# (``output_handoff``); that audio at the speech handler (``kani_speech``); the first audio bytes handed to the server;
+# the response ended.
 TRACE_POINTS = (
     "arrived",
     "body",
     "handler",
     "submitted",
     "queued",
+    "read",
     "orchestrated",
     "dequeued",
     "first_audio",
