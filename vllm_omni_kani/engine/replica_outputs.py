@@ -48,12 +48,13 @@ class ReplicaReads:
         task = self.reads.get(key)
         if task is None:
             task = asyncio.ensure_future(start())
-            task.add_done_callback(lambda _: self._finished(key))
+            task.add_done_callback(lambda done: self._finished(key, done))
             self.reads[key] = task
         return task
 
-    def _finished(self, key: tuple[int, int]) -> None:
-        self.done_at[key] = time.perf_counter()
+    def _finished(self, key: tuple[int, int], task: asyncio.Task) -> None:
+        if self.reads.get(key) is task:  # not a dropped replica's cancelled read
+            self.done_at[key] = time.perf_counter()
         self.finished.set()
 
     def drop(self, key: tuple[int, int]) -> None:
