@@ -35,6 +35,10 @@ LEVEL_KEYS = {
     "audio_s_total",
     "realtime_x",
     "frames_per_s",
+    "stalled_share",
+    "stall_ms_p50",
+    "stall_ms_p95",
+    "stall_ms_max",
 }
 
 pytestmark = pytest.mark.server
@@ -71,12 +75,17 @@ def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_p
     assert 0 < level["audio_s_total"] <= 2 * FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
     assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p90"] <= level["ttfa_ms_p95"]
     assert level["rtf_p50"] > 0 and level["realtime_x"] > 0 and level["frames_per_s"] > 0
+    # A player started at each first byte (playback.py): its stalls are as long as the request lasted at most.
+    assert 0.0 <= level["stalled_share"] <= 1.0
+    assert 0.0 <= level["stall_ms_p50"] <= level["stall_ms_p95"] <= level["stall_ms_max"] <= 1000.0 * level["wall_s"]
+    assert (level["stall_ms_max"] > 0) == (level["stalled_share"] > 0)
     # The client's own collections over the level, per generation (its heap was frozen before it).
     assert [set(g) for g in level["client_gc"]] == [{"count", "total_ms", "max_ms"}] * 3
     assert all(g["count"] >= 0 and 0 <= g["max_ms"] <= g["total_ms"] for g in level["client_gc"])
 
     markdown = (tmp_path / report.REPORT_MD).read_text()
     assert "| concurrency |" in markdown and "\n| 2 | 2 | 0 |" in markdown
+    assert "| stalled | stall p95 ms |" in markdown
     assert (tmp_path / report.REPORT_PNG).stat().st_size > 1000
     assert f"]({report.REPORT_PNG})" in markdown
 

@@ -4,11 +4,12 @@ Every request asks ``/v1/audio/speech`` for raw PCM16 (``stream_format=audio``, 
 records when its first audio byte arrives (TTFA) and when its last one does. A *level* keeps ``concurrency``
 requests in flight until ``requests`` have finished; per level it reports TTFA p50/p90/p95, per-request RTF
 (generation time / audio seconds) p50/p95, the aggregate real-time factor (audio seconds per wall second),
-frames/s and errors. Results go to ``DIR/<label>.json`` and are rendered with every other result in DIR into
-``DIR/report.md`` and ``DIR/report.png`` (``report.py``).
+frames/s, errors, and how a player started at each request's first byte would have stalled (``playback.py``: the
+share of requests that ran dry, stall p50/p95/max). Results go to ``DIR/<label>.json`` and are rendered with every
+other result in DIR into ``DIR/report.md`` and ``DIR/report.png`` (``report.py``).
 
 With ``--trace`` each request is sent with its own ``X-Request-Id`` and ``X-Kani-Trace: 1``, and the level's row
-keeps, per request, its id and the client's ``time.perf_counter()`` at sending, first byte and end
+keeps, per request, its id and the client's ``time.perf_counter()`` at sending, first byte and end, and its stalls
 (``trace``): ``benchmarks/ttfa_breakdown.py`` places them among the server's ``[KaniTTFA]`` points.
 
 With ``--stagger-s S`` stream ``k`` of ``N`` sends its first request ``k·S/N`` seconds into the level, so that
@@ -35,6 +36,7 @@ from typing import Any
 import httpx
 
 from vllm_omni_kani.benchmarks import report
+from vllm_omni_kani.benchmarks.playback import Playback
 from vllm_omni_kani.entrypoints.openai.cancellation import REQUEST_ID_HEADER
 from vllm_omni_kani.entrypoints.openai.speech_guard import TRACE_HEADER
 from vllm_omni_kani.gc_pauses import GcPauses, as_row, freeze_heap
@@ -92,10 +94,13 @@ class RequestResult:
     total_s: float
     audio_s: float
     error: str | None = None
-    # With ``ClientConfig.trace``: the request id and the client's perf_counter() at sending, first byte and end.
+    # With ``ClientConfig.trace``: the request id, the client's perf_counter() at sending, first byte and end, stalls.
     trace: dict[str, Any] | None = None
     connected: bool = False  # it opened a TCP connection (False: it reused its stream's kept-alive one)
     first_of_stream: bool = False  # its stream's first request of the level
+    # A player started at the first audio byte: how long it stood with an empty buffer, in how many gaps (playback.py).
+    stall_s: float = 0.0
+    stalls: int = 0
 
 
 @dataclass
@@ -141,12 +146,14 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
     start = time.perf_counter()
     first: float | None = None
     received = 0
+    player = Playback()
 
     def result(ok: bool, ttfa: float | None, audio_s: float, error: str | None = None) -> RequestResult:
         total = time.perf_counter() - start
+        stalls = {"stall_s": player.stall_s, "stalls": player.stalls}
         if trace is not None:
-            trace.update(sent=start, first_byte=None if ttfa is None else start + ttfa, end=start + total)
-        return RequestResult(ok, ttfa, total, audio_s, error, trace, connected)
+            trace.update(sent=start, first_byte=None if ttfa is None else start + ttfa, end=start + total, **stalls)
+        return RequestResult(ok, ttfa, total, audio_s, error, trace, connected, **stalls)
 
     try:
         url = f"{cfg.base_url}/v1/audio/speech"
@@ -155,8 +162,12 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
                 body = (await response.aread()).decode(errors="replace")[:300]
                 return result(False, None, 0.0, f"HTTP {response.status_code}: {body}")
             async for chunk in response.aiter_bytes():
-                if chunk and first is None:
-                    first = time.perf_counter() - start
+                if not chunk:
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now - start
+                player.arrive(now, len(chunk) / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE)
                 received += len(chunk)
     except (httpx.HTTPError, OSError) as exc:
         return result(False, first, 0.0, f"{type(exc).__name__}: {exc}")
@@ -255,6 +266,7 @@ def summarize(
     ttfa = [r.ttfa_s * 1000.0 for r in good if r.ttfa_s is not None]
     rtf = [r.total_s / r.audio_s for r in good if r.audio_s > 0]
     audio = sum(r.audio_s for r in good)
+    stall = [r.stall_s * 1000.0 for r in good]
     errors = [r.error for r in results if not r.ok]
     traces = [r.trace for r in results if r.trace is not None]
     return {
@@ -274,6 +286,11 @@ def summarize(
         "audio_s_total": audio,
         "realtime_x": audio / wall_s if wall_s > 0 else 0.0,
         "frames_per_s": audio * FRAME_RATE / wall_s if wall_s > 0 else 0.0,
+        # Playback from the first byte (playback.py): the share of requests that ran dry, and for how long.
+        "stalled_share": sum(r.stalls > 0 for r in good) / len(good) if good else None,
+        "stall_ms_p50": percentile(stall, 50),
+        "stall_ms_p95": percentile(stall, 95),
+        "stall_ms_max": max(stall, default=None),
         **({"client_cpu_share": client_cpu_s / wall_s} if client_cpu_s is not None and wall_s > 0 else {}),
         **({"client_gc": client_gc} if client_gc is not None else {}),
         **({"trace": traces} if traces else {}),
@@ -333,7 +350,8 @@ async def run_levels(
         log(
             f"c={c:>4} n={n:>4}: TTFA p50 {_fmt(row['ttfa_ms_p50'])} p95 {_fmt(row['ttfa_ms_p95'])} ms{later}, "
             f"RTF p50 {_fmt(row['rtf_p50'], 3)}, {row['realtime_x']:.1f}x real time, "
-            f"{row['frames_per_s']:.0f} frames/s, errors {row['errors']}"
+            f"{row['frames_per_s']:.0f} frames/s, errors {row['errors']}, "
+            f"stalled {report.percent(row['stalled_share'])} (stall p95 {_fmt(row['stall_ms_p95'])} ms)"
         )
         levels.append(row)
         if on_level is not None:

@@ -77,6 +77,11 @@ def _f(value: Any, digits: int = 0) -> str:
     return str(value)
 
 
+def percent(share: float | None) -> str:
+    """A share (0-1) as a whole percentage, "-" for none."""
+    return "-" if share is None else f"{100.0 * share:.0f}%"
+
+
 def serve_table(result: dict[str, Any]) -> list[str]:
     """One row per level; levels sent with ``--stagger-s`` add when their streams started and the TTFA of the requests
     after each stream's first (those arrived at the level's steady load)."""
@@ -86,8 +91,8 @@ def serve_table(result: dict[str, Any]) -> list[str]:
         f"### {result['label']} (server sweep)",
         "",
         "| concurrency | requests | errors | TTFA p50 ms | TTFA p90 ms | TTFA p95 ms | RTF p50 | RTF p95 "
-        "| audio s/req | × real time | frames/s |" + extra_head,
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if staggered else ""),
+        "| audio s/req | × real time | frames/s | stalled | stall p95 ms |" + extra_head,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if staggered else ""),
     ]
     for row in result["levels"]:
         extra = ""
@@ -98,7 +103,8 @@ def serve_table(result: dict[str, Any]) -> list[str]:
             f"| {row['concurrency']} | {row['requests']} | {row['errors']} | {_f(row['ttfa_ms_p50'])} "
             f"| {_f(row['ttfa_ms_p90'])} | {_f(row['ttfa_ms_p95'])} | {_f(row['rtf_p50'], 3)} "
             f"| {_f(row['rtf_p95'], 3)} "
-            f"| {_f(row['audio_s_per_request'], 2)} | {_f(row['realtime_x'], 1)} | {_f(row['frames_per_s'])} |" + extra
+            f"| {_f(row['audio_s_per_request'], 2)} | {_f(row['realtime_x'], 1)} | {_f(row['frames_per_s'])} "
+            f"| {percent(row.get('stalled_share'))} | {_f(row.get('stall_ms_p95'))} |" + extra
         )
     return lines
 
