@@ -8,8 +8,11 @@ points. All are ``time.perf_counter()`` of one host. Joined by request id (the e
 ``speech-<X-Request-Id>-<8 hex>``), they split ``ttfa_breakdown.py``'s "queued -> first audio put on the orchestrator's
 queue" into consecutive segments (``SEGMENTS``) that add up to it. Each level's first wave (its first ``concurrency``
 requests by send time, sent at once) and its later waves (sent into a loaded server) are reported apart. The
-server's ``read`` point (the orchestrator's read of the codec's message ended, ``engine/replica_outputs.py``) splits
-the last segment in two; a server without it (sets up to the fifty-first) gives that segment whole (``UNREAD``).
+server's ``read`` point (the orchestrator's read of the codec's message ended, ``engine/replica_outputs.py``) and the
+codec engine's ``[KaniFirstSent]`` line (its output thread took the message, and sent it:
+``engine/output_thread_trace.py``) split the way from the codec's first audio to the orchestrator's put; a server
+without the output thread's line (sets up to the fifty-second) gives the way to the read whole (``UNSENT``), one
+without the read (up to the fifty-first) the way to the put (``UNREAD``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from audio_vs_frames import log_lines
 from ttfa_breakdown import WAVES, _pcts, server_points, waves
 
-_LINE = re.compile(r"\[KaniFirstOutput\] stage=(\d+) request_id=(\S+) (.*)")
+_LINE = re.compile(r"\[(KaniFirstOutput|KaniFirstSent)\] stage=(\d+) request_id=(\S+) (.*)")
 _ENGINE_ID = re.compile(r"speech-(.+)-[0-9a-f]{8}")
 # (name, from, to): "s0_added" is Stage 0's scheduler's "added", and so on; "queued" and "orchestrated" are the API
 # server's points.
@@ -37,8 +40,14 @@ SEGMENTS = (
     ),
     ("codec: first chunk scheduled -> first audio out (its step)", "s1_scheduled", "s1_output"),
     (
-        "codec's first audio -> the orchestrator has read it (the codec's output thread, transport, decoding)",
+        "codec's first audio -> its output thread takes the message (the engine's output queue, that thread's GIL)",
         "s1_output",
+        "s1_taken",
+    ),
+    ("taken -> sent (encoding the step's outputs, the socket's send)", "s1_taken", "s1_sent"),
+    (
+        "sent -> the orchestrator has read it (the socket, the read and decoding on the orchestrator's loop)",
+        "s1_sent",
         "read",
     ),
     (
@@ -47,12 +56,20 @@ SEGMENTS = (
         "orchestrated",
     ),
 )
-# Servers that did not note the orchestrator's read (sets up to the fifty-first): SEGMENTS' last two as one.
+# Servers that did not note the output thread (sets up to the fifty-second): the codec's first audio to the read.
+UNSENT = (
+    "codec's first audio -> the orchestrator has read it (the codec's output thread, transport, decoding)",
+    "s1_output",
+    "read",
+)
+# Servers that did not note the orchestrator's read either (sets up to the fifty-first): to the put in one.
 UNREAD = (
     "codec's first audio -> put on the orchestrator's queue (transport, orchestrator)",
     "s1_output",
     "orchestrated",
 )
+# The chains of a trace with every point, without the output thread's, and without the read as well.
+_CHAINS = (SEGMENTS, (*SEGMENTS[:-4], UNSENT, SEGMENTS[-1]), (*SEGMENTS[:-4], UNREAD))
 
 
 def first_output_points(lines: list[str]) -> dict[str, dict[str, float]]:
@@ -62,26 +79,29 @@ def first_output_points(lines: list[str]) -> dict[str, dict[str, float]]:
         m = _LINE.search(line)
         if not m:
             continue
-        engine_id = _ENGINE_ID.fullmatch(m[2])
-        key = engine_id[1] if engine_id else m[2]
-        fields = dict(item.split("=", 1) for item in m[3].split())
+        engine_id = _ENGINE_ID.fullmatch(m[3])
+        key = engine_id[1] if engine_id else m[3]
+        fields = dict(item.split("=", 1) for item in m[4].split())
         point = out.setdefault(key, {})
-        for name in ("added", "scheduled", "output", "arrival_lag_ms"):
+        for name in ("added", "scheduled", "output", "arrival_lag_ms", "taken", "sent"):
             if name in fields:
-                point[f"s{m[1]}_{name}"] = float(fields[name])
+                point[f"s{m[2]}_{name}"] = float(fields[name])
     return out
 
 
 def engine_segments(traces: list[dict], ttfa: dict[str, dict[str, float]], stages: dict[str, dict[str, float]]):
-    """Milliseconds of each of ``SEGMENTS`` (``UNREAD`` for a trace without the ``read`` point) over the traces with
-    every point, and how many those are; segments no trace had are left out."""
-    unread = (*SEGMENTS[:-2], UNREAD)
-    out: dict[str, list[float]] = {name: [] for name, _, _ in (*SEGMENTS, UNREAD)}
+    """Milliseconds of each of ``SEGMENTS`` over the traces with every point, and how many those are; a trace without
+    the output thread's points gives ``UNSENT`` for its three segments, one without the ``read`` point as well
+    ``UNREAD`` for four. Segments no trace had are left out."""
+    out: dict[str, list[float]] = {name: [] for name, _, _ in (*SEGMENTS[:-1], UNSENT, UNREAD, SEGMENTS[-1])}
     joined = 0
     for trace in traces:
         stamps = {**ttfa.get(trace["id"], {}), **stages.get(trace["id"], {})}
-        chain = SEGMENTS if stamps.get("read") is not None else unread
-        if any(stamps.get(point) is None for _, a, b in chain for point in (a, b)):
+        chain = next(
+            (c for c in _CHAINS if all(stamps.get(p) is not None for _, a, b in c for p in (a, b))),
+            None,
+        )
+        if chain is None:
             continue
         joined += 1
         for name, a, b in chain:

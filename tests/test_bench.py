@@ -186,17 +186,30 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     for t in level["trace"]:
         p, s = points[t["id"]], stages[t["id"]]
         assert p["queued"] <= s["s0_added"] <= s["s0_scheduled"] <= s["s0_output"] <= p["orchestrated"], (p, s)
-        # The orchestrator's read of the codec's message with the first audio ended between the two.
-        assert s["s1_added"] <= s["s1_scheduled"] <= s["s1_output"] <= p["read"] <= p["orchestrated"], (p, s)
+        # The codec engine's output thread took the message with the first audio and sent it (its [KaniFirstSent]
+        # line), and the orchestrator's read of it ended, in that order; Stage 0's output thread likewise.
+        assert s["s1_added"] <= s["s1_scheduled"] <= s["s1_output"] <= s["s1_taken"] <= s["s1_sent"], (p, s)
+        assert s["s1_sent"] <= p["read"] <= p["orchestrated"], (p, s)
+        assert s["s0_output"] <= s["s0_taken"] <= s["s0_sent"] <= s["s1_scheduled"], s
     engines, joined = first_outputs.engine_segments(level["trace"], points, stages)
     assert joined == 3 and list(engines) == [name for name, _, _ in first_outputs.SEGMENTS]
-    # A server that did not note the read (older results): the codec's first audio to the put in one segment.
+
+    def in_one(whole: dict, segment: tuple, parts: tuple) -> None:
+        assert whole[segment[0]] == pytest.approx(
+            [sum(engines[name][i] for name, _, _ in parts) for i in range(3)], abs=1e-6
+        )
+
+    # A server that did not note the output thread (older results): the codec's first audio to the read in one.
+    unsent = {rid: {k: v for k, v in p.items() if k not in ("s1_taken", "s1_sent")} for rid, p in stages.items()}
+    whole, joined = first_outputs.engine_segments(level["trace"], points, unsent)
+    chain = (*first_outputs.SEGMENTS[:-4], first_outputs.UNSENT, first_outputs.SEGMENTS[-1])
+    assert joined == 3 and list(whole) == [name for name, _, _ in chain]
+    in_one(whole, first_outputs.UNSENT, first_outputs.SEGMENTS[-4:-1])
+    # Nor the read: the codec's first audio to the put in one segment.
     unread = {rid: {k: v for k, v in p.items() if k != "read"} for rid, p in points.items()}
-    whole, joined = first_outputs.engine_segments(level["trace"], unread, stages)
-    assert joined == 3 and list(whole) == [name for name, _, _ in (*first_outputs.SEGMENTS[:-2], first_outputs.UNREAD)]
-    assert whole[first_outputs.UNREAD[0]] == pytest.approx(
-        [sum(engines[name][i] for name, _, _ in first_outputs.SEGMENTS[-2:]) for i in range(3)], abs=1e-6
-    )
+    whole, joined = first_outputs.engine_segments(level["trace"], unread, unsent)
+    assert joined == 3 and list(whole) == [name for name, _, _ in (*first_outputs.SEGMENTS[:-4], first_outputs.UNREAD)]
+    in_one(whole, first_outputs.UNREAD, first_outputs.SEGMENTS[-4:])
     for i, t in enumerate(level["trace"]):
         span = (points[t["id"]]["orchestrated"] - points[t["id"]]["queued"]) * 1000.0
         assert sum(values[i] for values in engines.values()) == pytest.approx(span, abs=4 * log_resolution_ms)

@@ -49,6 +49,8 @@ def test_aborted_and_finished_requests_leave_nothing_over_10000_requests():
             trace.outputs([f"r{i}"])
         assert len(trace.pending) <= 1
     assert trace.pending == {}
+    # Without an output thread's trace (engine/output_thread_trace.py) nothing is kept for one.
+    assert trace.leaving is None
     trace.added(_request("x"))
     trace.forget(None)
     assert trace.pending == {}

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from vllm_omni_kani.envs import disabled_patches, stage0_sampler_patches, step_code_rows
+from vllm_omni_kani.envs import disabled_patches, stage0_sampler_patches, step_code_rows, trace_first_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -1023,6 +1023,33 @@ def filter_top_k_in_open_columns() -> bool | None:
     ops.apply_top_k_top_p = with_open_columns(ops.apply_top_k_top_p)
 
 
+@_patch(_vllm_0_26)
+def trace_first_outputs_sent() -> bool | None:
+    """vllm 0.26.0, with ``KANI_TRACE_FIRST_OUTPUTS=1``: note when an engine core's output thread takes a traced
+    request's first output and when it has sent it (``engine/output_thread_trace.py``).
+
+    ``EngineCoreProc`` starts its output thread on ``process_output_sockets`` after the engine (and its scheduler)
+    is built; the wrapper wraps the engine's ``output_queue.get`` there, in that thread, before vLLM's loop reads it.
+    Without the switch the wrapper returns to vLLM's function at once. Applied by ``register()`` in every process; it
+    acts in the engine core processes.
+
+    Returns whether the patch is active.
+    """
+    from vllm.v1.engine.core import EngineCoreProc
+
+    from vllm_omni_kani.engine.output_thread_trace import trace_output_thread
+
+    original = EngineCoreProc.process_output_sockets
+
+    @functools.wraps(original)
+    def process_output_sockets(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if trace_first_outputs():
+            trace_output_thread(self)
+        return original(self, *args, **kwargs)
+
+    EngineCoreProc.process_output_sockets = process_output_sockets
+
+
 def sample_code_heads_in_one_kernel() -> bool:
     """Stage 0's codebooks 2-4 sampled and packed by one Triton kernel (``code_race``) instead of vLLM's top-k/top-p
     and torch ops, in steps of up to ``code_race.MAX_ROWS`` requests. Not a change to vLLM: the Kani model reads the
@@ -1075,6 +1102,7 @@ def apply_all() -> list[str]:
             hand_stage0_codes_as_step_rows,
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,
+            trace_first_outputs_sent,
         )
         if fn()
     ]

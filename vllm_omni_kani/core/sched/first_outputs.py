@@ -43,6 +43,9 @@ class FirstOutputTrace:
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.pending: dict[str, _Pending] = {}
+        # Requests whose first output has left, until the engine's output thread takes its message: kept only once
+        # that thread's trace is installed (``engine/output_thread_trace.py``, which sets it and removes them).
+        self.leaving: set[str] | None = None
 
     def added(self, request: Any) -> None:
         arrival = getattr(request, "arrival_time", None)
@@ -68,6 +71,8 @@ class FirstOutputTrace:
                 continue
             now = now or time.perf_counter()
             scheduled = entry.scheduled if entry.scheduled is not None else now
+            if self.leaving is not None:
+                self.leaving.add(request_id)
             logger.info(
                 "%s stage=%d request_id=%s added=%.6f scheduled=%.6f output=%.6f arrival_lag_ms=%.1f",
                 TAG,
@@ -80,7 +85,14 @@ class FirstOutputTrace:
             )
 
     def forget(self, request_ids: str | Iterable[str] | None) -> None:
-        forget_requests(self.pending, request_ids)
+        ids = None if request_ids is None else [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        forget_requests(self.pending, ids)
+        if self.leaving is None:
+            return
+        if ids is None:
+            self.leaving.clear()
+        else:
+            self.leaving.difference_update(ids)
 
 
 class FirstOutputTracing:
