@@ -64,6 +64,16 @@ def test_codec_replica_files_keep_one_stage0_engine(name):
     assert (stage0.num_replicas, stage0.devices) == (1, "0")
 
 
+def test_multinode_repeats_the_shipped_chunk_policy():
+    """Its ``connectors:`` block replaces the base file's whole (a Mooncake connector), so the chunk schedule is
+    repeated there; a change to the shipped schedule (docs/BENCHMARKS.md, fifty-second set) must reach it too."""
+    from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import ChunkPolicy
+
+    shipped = resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts.yaml")["connectors"]["shm"]["extra"]
+    multinode = next(iter(resolve_deploy_yaml(STAGE_CONFIGS / "kani_tts_multinode.yaml")["connectors"].values()))
+    assert ChunkPolicy.from_extra(multinode["extra"]) == ChunkPolicy.from_extra(shipped)
+
+
 def _vllm_default_capture_sizes(max_num_seqs: int) -> list[int]:
     """vLLM 0.26's own sizes for a decode-only batch limit (its ``_set_cudagraph_sizes``, no speculation)."""
     top = min(2 * max_num_seqs, 512)
