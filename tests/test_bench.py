@@ -100,6 +100,10 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert main(argv) == 0
     (level,) = json.loads((tmp_path / "traced.json").read_text())["levels"]
     assert level["ok"] == 3 and len(level["trace"]) == 3
+    # Each request's playback (playback.py): where its first gap began, if it had one, within its audio.
+    for t in level["trace"]:
+        assert t["stall_s"] >= 0 and (t["first_stall_at_s"] is None) == (t["stalls"] == 0)
+        assert t["first_stall_at_s"] is None or 0 < t["first_stall_at_s"] < FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
     # Each stream keeps one connection alive: the third request went over the one its stream had opened.
     assert level["connections"] == 2
 

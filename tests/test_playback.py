@@ -17,7 +17,7 @@ def play(arrivals: list[tuple[float, float]]) -> Playback:
 def test_a_stream_that_keeps_ahead_never_stalls():
     # 240 ms first, the next 1.28 s of audio 200 ms later, the rest long before the buffer runs out.
     player = play([(10.0, 0.24), (10.2, 1.28), (10.5, 2.56), (11.0, 1.04)])
-    assert (player.stall_s, player.stalls) == (0.0, 0)
+    assert (player.stall_s, player.stalls, player.first_stall_at_s) == (0.0, 0, None)
     assert player.audio_s == pytest.approx(5.12)
     assert player.started_at == 10.0
 
@@ -27,6 +27,7 @@ def test_a_chunk_after_the_buffer_ran_out_stalls_for_its_lateness():
     player = play([(0.0, 0.08), (0.3, 1.28), (1.5, 1.0)])
     assert player.stall_s == pytest.approx(0.22)
     assert player.stalls == 1
+    assert player.first_stall_at_s == pytest.approx(0.08)  # the first chunk ran dry
     # The stall pushes the rest of the playback back: everything so far (2.36 s) plays out at 0.22 + 2.36 = 2.58.
     player.arrive(2.68, 0.5)
     assert player.stall_s == pytest.approx(0.22 + 0.1)
@@ -40,7 +41,7 @@ def test_a_chunk_split_over_reads_is_one_arrival_and_gaps_under_the_floor_are_ti
     assert player.stalls == 1
     jitter = play([(0.0, 0.08), (0.08 + STALL_MIN_S / 2, 0.08)])
     assert jitter.stall_s == pytest.approx(STALL_MIN_S / 2)
-    assert jitter.stalls == 0
+    assert (jitter.stalls, jitter.first_stall_at_s) == (0, None)
 
 
 def test_empty_reads_neither_start_nor_stall_the_player():

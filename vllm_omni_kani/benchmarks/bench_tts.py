@@ -153,6 +153,7 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
         stalls = {"stall_s": player.stall_s, "stalls": player.stalls}
         if trace is not None:
             trace.update(sent=start, first_byte=None if ttfa is None else start + ttfa, end=start + total, **stalls)
+            trace["first_stall_at_s"] = player.first_stall_at_s
         return RequestResult(ok, ttfa, total, audio_s, error, trace, connected, **stalls)
 
     try:

@@ -22,6 +22,8 @@ class Playback:
         self.audio_s = 0.0  # audio received so far
         self.stall_s = 0.0  # time the player stood with an empty buffer
         self.stalls = 0  # gaps of at least STALL_MIN_S
+        # Audio received (seconds) when the first such gap began: 0.24 is a first chunk of 3 frames run dry.
+        self.first_stall_at_s: float | None = None
 
     def arrive(self, at: float, audio_s: float) -> None:
         """``audio_s`` more seconds of audio arrived at ``at``."""
@@ -35,5 +37,8 @@ class Playback:
             if at > runs_out:
                 gap = at - runs_out
                 self.stall_s += gap
-                self.stalls += gap >= STALL_MIN_S
+                if gap >= STALL_MIN_S:
+                    self.stalls += 1
+                    if self.first_stall_at_s is None:
+                        self.first_stall_at_s = self.audio_s
         self.audio_s += audio_s
