@@ -240,6 +240,16 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert 0 < spent["busy"] < 1 and spent["drain (s)"] > 0
     assert 0 < spent["before first audio"] < 1
     assert spent["before first audio"] + spent["after first audio"] == pytest.approx(1.0, abs=2e-3)
+    # Where playback ran dry (stalls.py): the level's three requests, the stalled ones' first gaps within their frames.
+    import stalls
+
+    row = stalls.stall_row(level["trace"])
+    stalled = [t for t in level["trace"] if t["stalls"] > 0]
+    assert row["requests"] == 3 and row["stalled"] == round(len(stalled) / 3, 3)
+    assert sum(row["first gap after frame"].values()) == len(stalled)
+    assert all(0 < frame <= FRAMES for frame in row["first gap after frame"])
+    assert row["mean stall (ms)"] == pytest.approx(sum(t["stall_s"] for t in level["trace"]) / 3 * 1000.0, abs=0.1)
+    assert stalls.stall_row([]) == {"requests": 0}
     assert spent["frames/s if always busy"] >= spent["frames/s"] > 0
     assert stream_time.stream_time({k: v for k, v in level.items() if k != "trace"}) == {}
 
