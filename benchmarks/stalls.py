@@ -13,11 +13,10 @@ the fifty-second) give the rest.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
-from pathlib import Path
 
+from stream_time import bench_levels
 from ttfa_breakdown import WAVES, _pcts, waves
 
 from vllm_omni_kani.benchmarks.bench_tts import SAMPLES_PER_FRAME
@@ -45,17 +44,13 @@ def stall_row(traces: list[dict]) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("bench", type=Path, nargs="+")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args, levels = bench_levels(__doc__)
     report = []
-    for path in args.bench:
-        for level in json.loads(path.read_text())["levels"]:
-            for wave, traces in zip(WAVES, waves(level.get("trace") or [], level["concurrency"]), strict=True):
-                row = {"bench": path.name, "concurrency": level["concurrency"], "wave": wave, **stall_row(traces)}
-                report.append(row)
-                print(json.dumps(row))
+    for path, level in levels:
+        for wave, traces in zip(WAVES, waves(level.get("trace") or [], level["concurrency"]), strict=True):
+            row = {"bench": path.name, "concurrency": level["concurrency"], "wave": wave, **stall_row(traces)}
+            report.append(row)
+            print(json.dumps(row))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

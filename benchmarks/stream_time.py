@@ -49,18 +49,24 @@ def stream_time(level: dict) -> dict[str, float | int]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def bench_levels(description: str) -> tuple[argparse.Namespace, list[tuple[Path, dict]]]:
+    """The command line ``BENCH_JSON [BENCH_JSON ...] [--json OUT]`` of a script described by ``description``: its
+    arguments and every level of every file, with the file's path."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bench", type=Path, nargs="+")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    return args, [(path, level) for path in args.bench for level in json.loads(path.read_text())["levels"]]
+
+
+def main() -> None:
+    args, levels = bench_levels(__doc__)
     report = []
-    for path in args.bench:
-        for level in json.loads(path.read_text())["levels"]:
-            row = stream_time(level)
-            if row:
-                report.append({"file": path.name, **row})
-                print(f"{path.name} " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    for path, level in levels:
+        row = stream_time(level)
+        if row:
+            report.append({"file": path.name, **row})
+            print(f"{path.name} " + ", ".join(f"{k} {v}" for k, v in row.items()))
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
 
