@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 
 from vllm_omni_kani.gc_pauses import Census, GcPauses, as_row, census, describe, freeze_heap
 
@@ -73,11 +74,16 @@ def test_the_census_counts_what_a_full_collection_would_walk():
     kept = [_Kept() for _ in range(500)]
     gc.collect()  # survivors move to the oldest generation
     gc.disable()  # no collection between the calls below may move objects into the oldest generation
+    # Nor may another thread of this process (a served test's log reader) free one of its objects between them: the
+    # interpreter does not hand it the GIL before the switch interval, here longer than the calls take.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
     try:
         count, commonest, _ = census(top=1000)
         walked = len(gc.get_objects(2))
         top3 = census(top=3).commonest
     finally:
+        sys.setswitchinterval(interval)
         gc.enable()
     by_name = dict(commonest)
     assert by_name[f"{__name__}._Kept"] == len(kept)
