@@ -6,6 +6,7 @@ code that measures the GPU runs end to end and writes every field, table and plo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -252,6 +253,22 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     assert stalls.stall_row([]) == {"requests": 0}
     assert spent["frames/s if always busy"] >= spent["frames/s"] > 0
     assert stream_time.stream_time({k: v for k, v in level.items() if k != "trace"}) == {}
+
+
+def test_sleep_until_never_returns_before_its_deadline():
+    """A stream's stagger is a lower bound: each return comes at or after its deadline on ``perf_counter``'s clock,
+    however the event loop's timer rounds, and a deadline already past returns without sleeping."""
+
+    async def run() -> list[tuple[float, float]]:
+        seen = []
+        for delay in (0.0005, 0.001, 0.003, 0.02, -1.0):
+            deadline = time.perf_counter() + delay
+            await bench_tts.sleep_until(deadline)
+            seen.append((deadline, time.perf_counter()))
+        return seen
+
+    for deadline, woke in asyncio.run(run()):
+        assert woke >= deadline
 
 
 def test_staggered_streams_send_their_first_requests_apart(omni_server, tiny_parallel, tmp_path):

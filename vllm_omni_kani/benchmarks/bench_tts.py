@@ -177,6 +177,13 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
     return result(True, first, received / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE)
 
 
+async def sleep_until(deadline: float) -> None:
+    """Sleep until ``time.perf_counter()`` reaches ``deadline``: the event loop may wake a timer early by its clock's
+    resolution, and a stream's stagger is a lower bound on when it sends."""
+    while (left := deadline - time.perf_counter()) > 0:
+        await asyncio.sleep(left)
+
+
 async def run_level(
     cfg: ClientConfig,
     concurrency: int,
@@ -207,8 +214,10 @@ async def run_level(
     results: list[RequestResult] = []
 
     async def worker(k: int, client: httpx.AsyncClient) -> None:
-        if stagger_s > 0:
-            await asyncio.sleep(k * stagger_s / streams)
+        # Stream 0 does not sleep at all: a zero sleep yields, and its first request would then be sent after
+        # stream 1 had started counting its stagger (CI once saw the two 0.4999 s apart for a 0.5 s stagger).
+        if k > 0 and stagger_s > 0:
+            await sleep_until(time.perf_counter() + k * stagger_s / streams)
         first = True
         while queue:
             i = queue.pop(0)
