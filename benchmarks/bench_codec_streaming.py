@@ -88,6 +88,7 @@ def stream_snr(
     between_convs: bool | None,
     channels_last_dtype: torch.dtype | None = None,
     next_activation: bool = True,
+    state_copies: bool = False,
 ) -> float | None:
     reference = build(preset, device, "fp32")
     decoder = build(preset, device, precision, activations)
@@ -102,6 +103,7 @@ def stream_snr(
         fuse_between_convs=between_convs,
         channels_last_dtype=channels_last_dtype,
         fuse_next_activation=next_activation,
+        fuse_state_copies=state_copies,
     )
     streams = CodecStreams(codec, max_piece_frames=64)
     pieces: list[list[torch.Tensor]] = [[] for _ in range(rows)]
@@ -138,6 +140,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
             fuse_between_convs=args.between_convs,
             channels_last_dtype=args.channels_last_dtype,
             fuse_next_activation=args.next_activation,
+            fuse_state_copies=args.state_copies,
         )
         codes = torch.randint(0, 4032, (batch, frames, 4), generator=gen).to(decoder.device)
         lengths = torch.full((batch,), frames, dtype=torch.int64, device=decoder.device)
@@ -160,6 +163,7 @@ def throughput(args, decoder: NanoCodecDecoder, mode: str, batch: int, new: int)
         "between_convs": codec.between_fused if mode == "stateful" else None,
         "channels_last_dtype": str(codec.channels_last_dtype).removeprefix("torch.") if mode == "stateful" else None,
         "next_activation": codec.between_fused and codec.fuse_next_activation if mode == "stateful" else None,
+        "state_copies": codec.state_copies_fused if mode == "stateful" else None,
         "batch": batch,
         "new_frames": new,
         "decoded_frames_per_row": frames,
@@ -220,6 +224,13 @@ def main() -> None:
         "half-snake (on, the default) or leaves it to the half-snake kernel",
     )
     parser.add_argument(
+        "--state-copies",
+        choices=("on", "off"),
+        default="off",
+        help="stateful codec: the rows' states moved by one Triton kernel each way (nanocodec/state_copies.py; on) "
+        "or by PyTorch's index_select / gather / index_copy_ (off, the default)",
+    )
+    parser.add_argument(
         "--modes", nargs="+", default=["window", "stateful"], choices=("window", "stateful"), help="modes to time"
     )
     parser.add_argument(
@@ -234,6 +245,7 @@ def main() -> None:
     args.between_convs = None if args.between_convs is None else args.between_convs == "on"
     args.channels_last_dtype = None if args.channels_last_dtype == "auto" else getattr(torch, args.channels_last_dtype)
     args.next_activation = args.next_activation == "on"
+    args.state_copies = args.state_copies == "on"
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor()
     rows, snr = [], {}
     configs = [(p, a) for p in args.precisions for a in args.activations]
@@ -250,6 +262,7 @@ def main() -> None:
             args.between_convs,
             args.channels_last_dtype,
             args.next_activation,
+            args.state_copies,
         )
         print(f"{key}: streamed SNR vs strict fp32 one-shot {snr[key]} dB", flush=True)
         decoder = build(args.preset, args.device, precision, acts)

@@ -148,6 +148,10 @@
 #   nextact  the residual adds writing the next unit's input half-snake (codec_fused_next_activation): the CUDA-only
 #            codec tests, then the codec alone without and with it, in alternation (NEXTACT_ROUNDS, default 2; batch
 #            sizes NEXTACT_BATCHES, default "64 256")
+#   statecopies  the codec's states moved by one Triton kernel each way (codec_fused_state_copies): their CUDA tests,
+#            then the codec alone without and with them, in alternation (STATECOPIES_ROUNDS, default 2; batch sizes
+#            STATECOPIES_BATCHES, default "64 256"); served, it is an abenv A/B with
+#            SERVED_CHANGES="stages.1.additional_config.codec_fused_state_copies=true"
 #   betweenoff  the shipped YAML with the codec's between-conv kernels off (codec_fused_between_convs: false): their
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
@@ -277,7 +281,8 @@ async_served() {
 codec_cuda_tests() {
   step cuda-tests 300 python3 -m pytest -q -p no:cacheprovider tests/test_codec_streaming.py \
     tests/test_codec_graphs.py tests/test_codec_fused.py tests/test_codec_stage.py tests/test_codec_between_convs.py \
-    tests/test_seeded_noise.py -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
+    tests/test_seeded_noise.py tests/test_codec_state_copies.py \
+    -k "between or graph or fused or kernel or one_copy or cuda or channels_last"
 }
 
 # conv_setting SETTING: how the convengines phase asks cuDNN for an engine, as env_args (environment) and flag (the
@@ -510,6 +515,20 @@ for phase in "$@"; do
         done
       done
       pack nextact ;;
+    statecopies)
+      # The codec's states into and out of each conv input by one Triton kernel each way (nanocodec/state_copies.py):
+      # its CUDA tests, then the codec alone (350m preset, TF32, fused half-snakes, float16 narrow convs) without and
+      # with it, STATECOPIES_ROUNDS times in alternation (default 2).
+      device_info
+      step state-copies-tests 240 python3 -m pytest -q -p no:cacheprovider tests/test_codec_state_copies.py
+      for round in $(seq "${STATECOPIES_ROUNDS:-2}"); do
+        for side in off on; do
+          step "codec-streaming-states-$side-$round" 240 python3 benchmarks/bench_codec_streaming.py --device cuda \
+            --batches ${STATECOPIES_BATCHES:-64 256} --chunks 16 64 --precisions tf32 --activations fused \
+            --modes stateful --state-copies "$side" --out "$R" --tag="-states-$side-$round"
+        done
+      done
+      pack statecopies ;;
     betweenoff)
       # The shipped YAML with the codec's between-conv kernels off (cuDNN's bias adds and transposed convs, PyTorch's
       # residual adds and layout copies): their served A/B; send beside `served`.

@@ -15,7 +15,9 @@ bytes cross the stages). Two ways to decode it:
   (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops). With
   those kernels and TF32 the channels-last layers' convs run in float16 (``codec_channels_last_dtype``:
   ``float32`` keeps them TF32), and each residual add also writes the next unit's input half-snake
-  (``codec_fused_next_activation: false`` leaves it to the half-snake kernel).
+  (``codec_fused_next_activation: false`` leaves it to the half-snake kernel). ``codec_fused_state_copies: true``
+  moves each layer's states into and out of its conv input in one Triton kernel each way
+  (``nanocodec/state_copies.py``; off until served).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -219,6 +221,7 @@ class KaniNanoCodecForGeneration(nn.Module):
             fuse_between_convs=None if between is None else bool(between),
             channels_last_dtype=None if narrow_dtype is None else CHANNELS_LAST_DTYPE_NAMES[narrow_dtype],
             fuse_next_activation=bool(config.get("codec_fused_next_activation", True)),
+            fuse_state_copies=bool(config.get("codec_fused_state_copies", False)),
         )
         logger.info(
             "Kani codec stage: stateful streams, %d state slots, residual layers %s channels-last",
@@ -261,7 +264,8 @@ class KaniNanoCodecForGeneration(nn.Module):
             self.streams.codec.refresh()  # the channels-last convs' padded weights, from the loaded ones
         codec = None if self.streams is None else self.streams.codec
         logger.info(
-            "Kani codec stage: %s convs (channels-last layers' convs in %s), %s half-snakes, between-conv kernels %s%s",
+            "Kani codec stage: %s convs (channels-last layers' convs in %s), %s half-snakes, "
+            "between-conv kernels %s%s%s",
             precision,
             "-" if codec is None else str(codec.channels_last_dtype).removeprefix("torch."),
             "fused (Triton)" if self.decoder.fused_activations else "eager",
@@ -269,6 +273,7 @@ class KaniNanoCodecForGeneration(nn.Module):
             if codec is None or not codec.between_fused
             else "on" + (" (residual adds write the next half-snake)" if codec.fuse_next_activation else ""),
             "" if codec is None else f"; {codec.state_bytes_per_slot / 1024:.1f} KiB of state a stream",
+            "" if codec is None or not codec.state_copies_fused else "; states copied by one kernel each way",
         )
         self._capture_graphs()
         return {name for name, _ in self.named_parameters()}

@@ -34,6 +34,10 @@ the next up-sampler), and each up-sampler's grouped transposed conv writes the n
 layout copies and cuDNN's separate bias adds and direct dgrad kernels go. Within a branch the residual add also writes
 the next unit's input half-snake into that unit's ``[state | new]`` buffer (``fuse_next_activation``), so the
 float32 residual stream is not read back by a half-snake kernel of its own.
+
+**The states' copies (CUDA, opt-in).** With ``fuse_state_copies`` each layer's rows' states go into its buffer and
+its new states out in one Triton kernel each way (:mod:`.state_copies`) instead of PyTorch's four kernels and two
+temporaries.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import between_convs
+from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import between_convs, state_copies
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import (
     LRELU_SLOPE,
     CausalConv,
@@ -87,6 +91,7 @@ class StreamingCodec:
         fuse_between_convs: bool | None = None,
         channels_last_dtype: torch.dtype | None = None,
         fuse_next_activation: bool = True,
+        fuse_state_copies: bool = False,
     ) -> None:
         if num_slots < 1 or scratch_rows < 1:
             raise ValueError(f"num_slots ({num_slots}) and scratch_rows ({scratch_rows}) must be positive")
@@ -107,6 +112,9 @@ class StreamingCodec:
         self._channels_last_dtype = channels_last_dtype
         # With the between-conv kernels: each residual add also writes the next unit's input half-snake.
         self.fuse_next_activation = bool(fuse_next_activation)
+        # The rows' states into and out of each [state | new] buffer in one Triton kernel each way (state_copies).
+        self.fuse_state_copies = bool(fuse_state_copies)
+        self._state_kernels = decoder.device.type == "cuda" and state_copies.available()
         self._padded: dict[int, int] = {
             id(m): padded_channels(m.weight.shape[1])
             for i in self.channels_last_layers
@@ -182,6 +190,11 @@ class StreamingCodec:
             and d.dtype == torch.float32
             and d.pre_conv.weight.dtype == torch.float32
         )
+
+    @property
+    def state_copies_fused(self) -> bool:
+        """Whether a step moves the states with :mod:`.state_copies`' kernels: asked for, on CUDA with Triton."""
+        return self.fuse_state_copies and self._state_kernels
 
     @staticmethod
     def context(module: CausalConv | CausalUpsample) -> int:
@@ -339,7 +352,10 @@ class StreamingCodec:
         shape = list(x.shape)
         shape[time_dim] += context
         joined = torch.empty(shape, dtype=pool.dtype, device=x.device)
-        joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
+        if self.state_copies_fused:
+            state_copies.load_states(pool, slots, joined, time_dim)
+        else:
+            joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
         return joined, joined.narrow(time_dim, context, x.shape[time_dim])
 
     def _save_state(
@@ -352,6 +368,9 @@ class StreamingCodec:
     ) -> None:
         """Each row's last ``context`` valid inputs of a filled ``joined`` buffer become its new state."""
         pool = self.pool[self._index[id(module)]]
+        if self.state_copies_fused:
+            state_copies.save_states(pool, slots, joined, lengths, time_dim)
+            return
         context = pool.shape[time_dim]
         # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
         span = self._span(lengths, context)
