@@ -226,9 +226,9 @@ def main() -> None:
     parser.add_argument(
         "--state-copies",
         choices=("on", "off"),
-        default="off",
-        help="stateful codec: the rows' states moved by one Triton kernel each way (nanocodec/state_copies.py; on) "
-        "or by PyTorch's index_select / gather / index_copy_ (off, the default)",
+        default="on",
+        help="stateful codec: the rows' states moved by one Triton kernel each way (nanocodec/state_copies.py; on, "
+        "the default, where the kernels run) or by PyTorch's index_select / gather / index_copy_ (off)",
     )
     parser.add_argument(
         "--modes", nargs="+", default=["window", "stateful"], choices=("window", "stateful"), help="modes to time"

@@ -113,7 +113,7 @@ def test_cpu_codec_keeps_torchs_copies(tiny_parallel):
     utterances = {"a": codes(23, 1), "b": codes(9, 2)}
     asked = StreamingCodec(decoder, num_slots=2, fuse_state_copies=True)
     assert asked.fuse_state_copies and not asked.state_copies_fused
-    assert not StreamingCodec(decoder, num_slots=2).fuse_state_copies  # off unless asked
+    assert not StreamingCodec(decoder, num_slots=2).fuse_state_copies  # the CPU default
     a = stream_all(CodecStreams(asked, max_piece_frames=16), utterances, (1, 4, 16), seed=3)
     b = stream_all(CodecStreams(StreamingCodec(decoder, num_slots=2), max_piece_frames=16), utterances, (1, 4, 16), 3)
     for rid in utterances:
@@ -121,7 +121,8 @@ def test_cpu_codec_keeps_torchs_copies(tiny_parallel):
 
 
 def test_stage_passes_the_state_copies_switch_to_its_codec(tiny_flattened):
-    """``codec_fused_state_copies`` (default off) reaches the stateful codec; on the CPU it changes no audio."""
+    """``codec_fused_state_copies`` (default: where the kernels run) reaches the stateful codec; on the CPU it changes
+    no audio."""
     utt = codes(20, 24)
     audio = {}
     for switch in (None, True):
@@ -164,8 +165,9 @@ def test_graphs_with_the_state_kernels_equal_eager_without(tiny_parallel):
     from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.graphs import StreamingGraphs
 
     decoder = load_codec(tiny_parallel, device="cuda").set_fused_activations(True)  # strict float32
-    eager = CodecStreams(StreamingCodec(decoder, num_slots=8, scratch_rows=4), max_piece_frames=16)
-    graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4, fuse_state_copies=True)
+    eager = CodecStreams(StreamingCodec(decoder, num_slots=8, scratch_rows=4, fuse_state_copies=False), 16)
+    graphed_codec = StreamingCodec(decoder, num_slots=8, scratch_rows=4)
+    assert graphed_codec.state_copies_fused  # the CUDA default
     graphs = StreamingGraphs(graphed_codec, batch_buckets=(1, 2, 4), frame_buckets=(1, 3, 8, 16))
     assert graphs.capture() == 12
     graphed = CodecStreams(graphed_codec, max_piece_frames=16, graphs=graphs)

@@ -151,7 +151,7 @@
 #   statecopies  the codec's states moved by one Triton kernel each way (codec_fused_state_copies): their CUDA tests,
 #            then the codec alone without and with them, in alternation (STATECOPIES_ROUNDS, default 2; batch sizes
 #            STATECOPIES_BATCHES, default "64 256"); served, it is an abenv A/B with
-#            SERVED_CHANGES="stages.1.additional_config.codec_fused_state_copies=true"
+#            SERVED_CHANGES="stages.1.additional_config.codec_fused_state_copies=false" (shipped on)
 #   betweenoff  the shipped YAML with the codec's between-conv kernels off (codec_fused_between_convs: false): their
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:

@@ -15,9 +15,9 @@ bytes cross the stages). Two ways to decode it:
   (``nanocodec/between_convs.py``; ``codec_fused_between_convs: false`` for cuDNN's and PyTorch's ops). With
   those kernels and TF32 the channels-last layers' convs run in float16 (``codec_channels_last_dtype``:
   ``float32`` keeps them TF32), and each residual add also writes the next unit's input half-snake
-  (``codec_fused_next_activation: false`` leaves it to the half-snake kernel). ``codec_fused_state_copies: true``
-  moves each layer's states into and out of its conv input in one Triton kernel each way
-  (``nanocodec/state_copies.py``; off until served).
+  (``codec_fused_next_activation: false`` leaves it to the half-snake kernel). Each layer's states go into and out
+  of its conv input in one Triton kernel each way (``nanocodec/state_copies.py``; ``codec_fused_state_copies: false``
+  for PyTorch's copies).
 - **Stateless windows** (whole utterances with ``async_chunk: false``, and chunks carrying context):
   all windows of a step decode in one right-padded batch; with at least ``RECEPTIVE_FIELD_FRAMES``
   (28) frames of left context the streamed audio equals one decode of the whole utterance.
@@ -208,6 +208,7 @@ class KaniNanoCodecForGeneration(nn.Module):
         batches = [int(b) for b in config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)]
         below = config.get("codec_channels_last_below")
         between = config.get("codec_fused_between_convs")  # default: on CUDA with Triton (nanocodec/between_convs.py)
+        copies = config.get("codec_fused_state_copies")  # default: on CUDA with Triton (nanocodec/state_copies.py)
         narrow_dtype = config.get("codec_channels_last_dtype")  # default: float16 with TF32 and the kernels above
         if narrow_dtype is not None and narrow_dtype not in CHANNELS_LAST_DTYPE_NAMES:
             raise ValueError(
@@ -221,7 +222,7 @@ class KaniNanoCodecForGeneration(nn.Module):
             fuse_between_convs=None if between is None else bool(between),
             channels_last_dtype=None if narrow_dtype is None else CHANNELS_LAST_DTYPE_NAMES[narrow_dtype],
             fuse_next_activation=bool(config.get("codec_fused_next_activation", True)),
-            fuse_state_copies=bool(config.get("codec_fused_state_copies", False)),
+            fuse_state_copies=None if copies is None else bool(copies),
         )
         logger.info(
             "Kani codec stage: stateful streams, %d state slots, residual layers %s channels-last",

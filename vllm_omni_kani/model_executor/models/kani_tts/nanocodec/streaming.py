@@ -35,9 +35,9 @@ layout copies and cuDNN's separate bias adds and direct dgrad kernels go. Within
 the next unit's input half-snake into that unit's ``[state | new]`` buffer (``fuse_next_activation``), so the
 float32 residual stream is not read back by a half-snake kernel of its own.
 
-**The states' copies (CUDA, opt-in).** With ``fuse_state_copies`` each layer's rows' states go into its buffer and
-its new states out in one Triton kernel each way (:mod:`.state_copies`) instead of PyTorch's four kernels and two
-temporaries.
+**The states' copies (CUDA).** With ``fuse_state_copies`` (default: wherever the kernels run) each layer's rows'
+states go into its buffer and its new states out in one Triton kernel each way (:mod:`.state_copies`) instead of
+PyTorch's four kernels and two temporaries: the same bytes.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class StreamingCodec:
         fuse_between_convs: bool | None = None,
         channels_last_dtype: torch.dtype | None = None,
         fuse_next_activation: bool = True,
-        fuse_state_copies: bool = False,
+        fuse_state_copies: bool | None = None,
     ) -> None:
         if num_slots < 1 or scratch_rows < 1:
             raise ValueError(f"num_slots ({num_slots}) and scratch_rows ({scratch_rows}) must be positive")
@@ -113,8 +113,8 @@ class StreamingCodec:
         # With the between-conv kernels: each residual add also writes the next unit's input half-snake.
         self.fuse_next_activation = bool(fuse_next_activation)
         # The rows' states into and out of each [state | new] buffer in one Triton kernel each way (state_copies).
-        self.fuse_state_copies = bool(fuse_state_copies)
         self._state_kernels = decoder.device.type == "cuda" and state_copies.available()
+        self.fuse_state_copies = self._state_kernels if fuse_state_copies is None else bool(fuse_state_copies)
         self._padded: dict[int, int] = {
             id(m): padded_channels(m.weight.shape[1])
             for i in self.channels_last_layers
