@@ -1,9 +1,9 @@
 """The streams' states into and out of a conv input in one Triton kernel each way (``nanocodec/state_copies.py``).
 
 Pure data movement, so every check is exact: the kernels against PyTorch's ``index_select`` / ``gather`` /
-``index_copy_`` form on random pools, slots and lengths in both layouts and both state dtypes (under Triton's
-interpreter on the CPU, compiled on CUDA), and a streamed decode with the kernels against the same decode without
-them, eager and in CUDA graphs.
+``index_copy_`` form (the module's ``*_torch`` functions, the codec's path without the kernels) on random pools,
+slots and lengths in both layouts and both state dtypes (under Triton's interpreter on the CPU, compiled on CUDA),
+and a streamed decode with the kernels against the same decode without them, eager and in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec import load_codec, 
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
 
 cuda = pytest.mark.skipif(
-    not (state_copies.available() and torch.cuda.is_available()),
+    not state_copies.available(),
     reason="the compiled state kernels need Triton and a CUDA device (CPU CI has none)",
 )
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -49,18 +49,14 @@ def _against_torch(device: str) -> None:
                 lengths = torch.tensor([0, steps, 1, steps // 2, steps - 1], device=device)
 
                 expected = joined.clone()
-                expected.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
+                state_copies.load_states_torch(pool, slots, expected, time_dim)
                 got = joined.clone()
                 state_copies.load_states(pool, slots, got, time_dim)
                 assert torch.equal(got, expected), (channels, context, time_dim, dtype, "load")
 
                 span = lengths[:, None] + torch.arange(context, device=device)
-                if time_dim == 2:
-                    take = span[:, None, :].expand(-1, channels, -1)
-                else:
-                    take = span[:, :, None].expand(-1, -1, channels)
                 want = pool.clone()
-                want.index_copy_(0, slots, torch.gather(joined, time_dim, take))
+                state_copies.save_states_torch(want, slots, joined, span, time_dim)
                 saved = pool.clone()
                 state_copies.save_states(saved, slots, joined, lengths, time_dim)
                 assert torch.equal(saved, want), (channels, context, time_dim, dtype, "save")

@@ -6,7 +6,8 @@ of the rows' slots into a temporary and its copy into the buffer; ``gather`` of 
 own length) into another temporary and ``index_copy_`` of it into the pool. Served at 256 streams those were
 4.3-7.7% of the codec's kernel time (docs/BENCHMARKS.md, twenty-fourth and thirty-third sets), about 100 layers a
 step. Here each way is one pass that reads its source once and writes its destination once, with no temporary:
-:func:`load_states` and :func:`save_states`.
+:func:`load_states` and :func:`save_states`; :func:`load_states_torch` and :func:`save_states_torch` are PyTorch's
+form, for CPUs and as the kernels' reference.
 
 Both take the states as ``[rows, C, context]`` and the buffer as ``[B, C, T]`` by strides, so channel-major layers
 and channels-last ones (``time_dim`` 1: ``[B, T, C]`` memory) go through the same kernel; Triton specializes unit
@@ -119,6 +120,23 @@ def _launch(
         BLOCK_C=block_c,
         BLOCK_T=block_t,
     )
+
+
+def load_states_torch(pool: torch.Tensor, slots: torch.Tensor, joined: torch.Tensor, time_dim: int) -> None:
+    """:func:`load_states` in PyTorch: an ``index_select`` into a temporary and its copy."""
+    joined.narrow(time_dim, 0, pool.shape[time_dim]).copy_(pool.index_select(0, slots))
+
+
+def save_states_torch(
+    pool: torch.Tensor, slots: torch.Tensor, joined: torch.Tensor, span: torch.Tensor, time_dim: int
+) -> None:
+    """:func:`save_states` in PyTorch, ``span`` being ``[B, context]`` positions ``lengths[b] + 0 .. context - 1``:
+    a ``gather`` into a temporary and its ``index_copy_``."""
+    if time_dim == 2:
+        take = span[:, None, :].expand(-1, joined.shape[1], -1)
+    else:
+        take = span[:, :, None].expand(-1, -1, joined.shape[2])
+    pool.index_copy_(0, slots, torch.gather(joined, time_dim, take))
 
 
 def load_states(pool: torch.Tensor, slots: torch.Tensor, joined: torch.Tensor, time_dim: int) -> None:

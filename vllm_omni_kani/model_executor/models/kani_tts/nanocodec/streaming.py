@@ -355,7 +355,7 @@ class StreamingCodec:
         if self.state_copies_fused:
             state_copies.load_states(pool, slots, joined, time_dim)
         else:
-            joined.narrow(time_dim, 0, context).copy_(pool.index_select(0, slots))
+            state_copies.load_states_torch(pool, slots, joined, time_dim)
         return joined, joined.narrow(time_dim, context, x.shape[time_dim])
 
     def _save_state(
@@ -370,15 +370,10 @@ class StreamingCodec:
         pool = self.pool[self._index[id(module)]]
         if self.state_copies_fused:
             state_copies.save_states(pool, slots, joined, lengths, time_dim)
-            return
-        context = pool.shape[time_dim]
-        # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
-        span = self._span(lengths, context)
-        if time_dim == 2:
-            take = span[:, None, :].expand(-1, joined.shape[1], -1)
         else:
-            take = span[:, :, None].expand(-1, -1, joined.shape[2])
-        pool.index_copy_(0, slots, torch.gather(joined, time_dim, take))
+            # Row b's valid inputs end at context + lengths[b]: its new state is joined[b, lengths[b] : +context].
+            span = self._span(lengths, pool.shape[time_dim])
+            state_copies.save_states_torch(pool, slots, joined, span, time_dim)
 
     def _conv(
         self,
