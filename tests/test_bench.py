@@ -191,10 +191,11 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     for t in level["trace"]:
         p, s = points[t["id"]], stages[t["id"]]
         assert p["queued"] <= s["s0_added"] <= s["s0_scheduled"] <= s["s0_output"] <= p["orchestrated"], (p, s)
-        # The codec engine's output thread took the message with the first audio and sent it (its [KaniFirstSent]
-        # line), and the orchestrator's read of it ended, in that order; Stage 0's output thread likewise.
+        # The codec engine's output thread took the message with the first audio before the orchestrator's read of it
+        # ended, and came back for the next one (its "sent") after taking it; "sent" is noted when the thread returns
+        # from the send, which the other process's read can beat (CI saw it 0.3 ms after the read). Stage 0 likewise.
         assert s["s1_added"] <= s["s1_scheduled"] <= s["s1_output"] <= s["s1_taken"] <= s["s1_sent"], (p, s)
-        assert s["s1_sent"] <= p["read"] <= p["orchestrated"], (p, s)
+        assert s["s1_taken"] <= p["read"] <= p["orchestrated"], (p, s)
         assert s["s0_output"] <= s["s0_taken"] <= s["s0_sent"] <= s["s1_scheduled"], s
     engines, joined = first_outputs.engine_segments(level["trace"], points, stages)
     assert joined == 3 and list(engines) == [name for name, _, _ in first_outputs.SEGMENTS]
