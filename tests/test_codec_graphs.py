@@ -176,6 +176,21 @@ def test_modelled_costs_split_a_long_remainder_and_pad_a_short_one():
     assert cheapest_cover(0, modelled_costs(buckets, 64)) == []
 
 
+def test_a_bucket_timed_below_a_smaller_one_never_takes_its_rows():
+    """Measured times are noisy: on an H200 2 rows of 3 frames timed 2.158 ms against 2.180 for 1 row, and a lone
+    stream's chunk replayed with a padded row (its audio then hung on that noise). A larger bucket counts at least
+    what every smaller one costs, and a tie goes to the smaller bucket."""
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import cheapest_cover, monotone
+
+    measured = {1: 2.180, 2: 2.158, 4: 2.9, 8: 2.7, 16: 6.0}
+    assert monotone(measured) == {1: 2.180, 2: 2.180, 4: 2.9, 8: 2.9, 16: 6.0}
+    assert cheapest_cover(1, measured) == [1]
+    assert cheapest_cover(2, measured) == [2]
+    assert cheapest_cover(3, measured) == [4]
+    assert cheapest_cover(5, measured) == [8]  # 8 costs what 4 does, 4 + 1 more
+    assert monotone({}) == {}
+
+
 class _StepReplay:
     """Stands in for a captured stateful step: ``replay()`` runs the step on the static inputs."""
 

@@ -9,7 +9,8 @@ splitting them into many small replays pays the fixed part again each time. On t
 
 :func:`cheapest_cover` picks the buckets whose total replay time is least (dynamic programming over the row count),
 from the times :class:`~.graphs.StreamingGraphs` measures once after capture, or without them from a model of a
-replay's cost: its frames plus ``REPLAY_OVERHEAD_FRAMES``.
+replay's cost: its frames plus ``REPLAY_OVERHEAD_FRAMES``. Measured times are read through :func:`monotone`: a
+larger bucket never counts as cheaper than a smaller one.
 """
 
 from __future__ import annotations
@@ -25,12 +26,31 @@ def modelled_costs(batch_buckets: list[int], frames: int) -> dict[int, float]:
     return {b: float(b * frames + REPLAY_OVERHEAD_FRAMES) for b in batch_buckets}
 
 
+def monotone(costs: Mapping[int, float]) -> dict[int, float]:
+    """Each bucket's cost raised to the largest of the smaller buckets' (its least non-decreasing bound).
+
+    A replay of more rows does all of a smaller one's work and more, so a time that says otherwise is noise: on an
+    H200 2 rows of 3 frames once timed 2.158 ms against 2.180 for 1 row, and a lone stream's first chunk then
+    replayed with a padded row. Besides the padded row's work, its audio then depended on that noise: the batch
+    size picks the convs' kernels, whose TF32 / float16 sums round differently (docs/BENCHMARKS.md, fifty-fourth
+    set). With ties, :func:`cheapest_cover` takes the smaller bucket.
+    """
+    out: dict[int, float] = {}
+    highest = float("-inf")
+    for bucket in sorted(costs):
+        highest = max(highest, costs[bucket])
+        out[bucket] = highest
+    return out
+
+
 def cheapest_cover(rows: int, costs: Mapping[int, float]) -> list[int]:
-    """Batch buckets, largest first, whose capacities add up to at least ``rows`` at the least total ``costs``."""
+    """Batch buckets, largest first, whose capacities add up to at least ``rows`` at the least total
+    :func:`monotone` ``costs``; of equal totals, the one whose first pick is the smaller bucket."""
     if rows <= 0:
         return []
     if not costs:
         raise ValueError("no batch buckets to cover rows with")
+    costs = monotone(costs)
     best = [0.0] * (rows + 1)
     pick = [0] * (rows + 1)
     for n in range(1, rows + 1):
