@@ -237,3 +237,20 @@ def test_planned_replays_stream_equal_to_eager_steps(codec, plan):
     assert graphs.replays == 2 * len(expected[plan]) and graphs.eager_calls == 0
     with pytest.raises(ValueError, match="replay plan must be one of cheapest, round_up"):
         StreamingGraphs(graphed_codec, [1], [8], plan="fastest")
+
+
+def test_a_lone_stream_replays_alone_when_a_larger_bucket_timed_faster(codec):
+    """The fifty-fourth set's case through the graphs themselves: a lone stream's 3-frame chunk, with batch bucket 2
+    timed 22 µs below bucket 1, replays in bucket 1 (no padded row); its audio is the eager step's."""
+    eager = CodecStreams(StreamingCodec(codec, num_slots=4, scratch_rows=2), max_piece_frames=8)
+    graphed_codec = StreamingCodec(codec, num_slots=4, scratch_rows=2)
+    graphs = _stand_in_streaming_graphs(graphed_codec, [1, 2], [3, 8], "cheapest")
+    graphs.replay_ms = {(1, 3): 2.180, (2, 3): 2.158, (1, 8): 2.161, (2, 8): 2.396}
+    assert graphs.slices(1, 3) == [(0, 1, 1)] and graphs.slices(2, 3) == [(0, 2, 2)]
+    graphed = CodecStreams(graphed_codec, max_piece_frames=8, graphs=graphs)
+    utterance = torch.randint(0, DEFAULT_CONFIG.codebook_size, (11, 4), generator=torch.Generator().manual_seed(5))
+    for seq, (start, stop) in enumerate([(0, 3), (3, 11)]):
+        chunk = [StreamChunk("lone", utterance[start:stop], seq, stop == 11)]
+        (a,), (b,) = graphed.decode(chunk), eager.decode(chunk)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert graphs.replays == 2
