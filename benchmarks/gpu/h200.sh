@@ -152,6 +152,10 @@
 #            then the codec alone without and with them, in alternation (STATECOPIES_ROUNDS, default 2; batch sizes
 #            STATECOPIES_BATCHES, default "64 256"); served, it is an abenv A/B with
 #            SERVED_CHANGES="stages.1.additional_config.codec_fused_state_copies=false" (shipped on)
+#   copiescheck  the served codec's streams (350m, TF32, the stage's defaults) decoded eager and in the served graph
+#            buckets, with PyTorch's state copies and with the kernels, under both replay plans
+#            (benchmarks/codec_copies_check.py): which pairs give the same bits, and the batch bucket a lone row
+#            replays in under each side's measured times (fifty-fourth set)
 #   betweenoff  the shipped YAML with the codec's between-conv kernels off (codec_fused_between_convs: false): their
 #            served A/B; send beside `served`
 #   roundup  the shipped YAML with the codec's replays split as before the replay plan (codec_replay_plan round_up:
@@ -529,6 +533,10 @@ for phase in "$@"; do
         done
       done
       pack statecopies ;;
+    copiescheck)
+      device_info
+      step codec-copies-check 240 python3 benchmarks/codec_copies_check.py --out "$R"
+      pack copiescheck ;;
     betweenoff)
       # The shipped YAML with the codec's between-conv kernels off (cuDNN's bias adds and transposed convs, PyTorch's
       # residual adds and layout copies): their served A/B; send beside `served`.
