@@ -187,7 +187,7 @@ def test_a_bucket_timed_below_a_smaller_one_never_takes_its_rows():
     assert cheapest_cover(1, measured) == [1]
     assert cheapest_cover(2, measured) == [2]
     assert cheapest_cover(3, measured) == [4]
-    assert cheapest_cover(5, measured) == [8]  # 8 costs what 4 does, 4 + 1 more
+    assert cheapest_cover(5, measured) == [8]  # bucket 8, at bucket 4's cost, beats 4 + 1
     assert monotone({}) == {}
 
 
