@@ -180,10 +180,15 @@ def test_a_bucket_timed_below_a_smaller_one_never_takes_its_rows():
     """Measured times are noisy: on an H200 2 rows of 3 frames timed 2.158 ms against 2.180 for 1 row, and a lone
     stream's chunk replayed with a padded row (its audio then hung on that noise). A larger bucket counts at least
     what every smaller one costs, and a tie goes to the smaller bucket."""
-    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import cheapest_cover, monotone
+    from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import (
+        cheapest_cover,
+        inversions,
+        monotone,
+    )
 
     measured = {1: 2.180, 2: 2.158, 4: 2.9, 8: 2.7, 16: 6.0}
     assert monotone(measured) == {1: 2.180, 2: 2.180, 4: 2.9, 8: 2.9, 16: 6.0}
+    assert inversions(measured) == 2 and inversions(monotone(measured)) == 0
     assert cheapest_cover(1, measured) == [1]
     assert cheapest_cover(2, measured) == [2]
     assert cheapest_cover(3, measured) == [4]
@@ -247,6 +252,7 @@ def test_a_lone_stream_replays_alone_when_a_larger_bucket_timed_faster(codec):
     graphs = _stand_in_streaming_graphs(graphed_codec, [1, 2], [3, 8], "cheapest")
     graphs.replay_ms = {(1, 3): 2.180, (2, 3): 2.158, (1, 8): 2.161, (2, 8): 2.396}
     assert graphs.slices(1, 3) == [(0, 1, 1)] and graphs.slices(2, 3) == [(0, 2, 2)]
+    assert graphs.timing_inversions == 1  # what the stage logs at load
     graphed = CodecStreams(graphed_codec, max_piece_frames=8, graphs=graphs)
     utterance = torch.randint(0, DEFAULT_CONFIG.codebook_size, (11, 4), generator=torch.Generator().manual_seed(5))
     for seq, (start, stop) in enumerate([(0, 3), (3, 11)]):

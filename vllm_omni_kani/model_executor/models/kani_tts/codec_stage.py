@@ -325,11 +325,13 @@ class KaniNanoCodecForGeneration(nn.Module):
                 smallest, largest = min(graphs.replay_ms), max(graphs.replay_ms)
                 logger.info(
                     "Kani codec stage: replays planned from measured times "
-                    "(batch %d x %d frames %.1f ms ... batch %d x %d frames %.1f ms)",
+                    "(batch %d x %d frames %.1f ms ... batch %d x %d frames %.1f ms; %d timed below a smaller "
+                    "batch bucket, counted at its cost)",
                     *smallest,
                     graphs.replay_ms[smallest],
                     *largest,
                     graphs.replay_ms[largest],
+                    graphs.timing_inversions,
                 )
         else:
             self.graphs = graphs

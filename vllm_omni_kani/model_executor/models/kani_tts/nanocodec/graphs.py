@@ -23,6 +23,7 @@ from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.decoder import Nano
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.replay_plan import (
     cheapest_cover,
     cover_slices,
+    inversions,
     modelled_costs,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.nanocodec.streaming import StreamingCodec
@@ -258,6 +259,14 @@ class StreamingGraphs:
                 logger.warning("codec graphs: timing the replays failed; replays planned from modelled costs")
                 self.replay_ms = {}
         return len(self.graphs)
+
+    @property
+    def timing_inversions(self) -> int:
+        """Batch buckets whose measured replay timed below a smaller bucket's at the same frames: the plan counts
+        them at the smaller one's cost (``replay_plan.monotone``), so none takes a row it would pad for nothing."""
+        return sum(
+            inversions({b: ms for (b, t), ms in self.replay_ms.items() if t == frames}) for frames in self.frame_buckets
+        )
 
     def slices(self, rows: int, t_bucket: int) -> list[tuple[int, int, int]]:
         """``(start, stop, batch bucket)`` replays for ``rows`` rows of frame bucket ``t_bucket`` (cached)."""

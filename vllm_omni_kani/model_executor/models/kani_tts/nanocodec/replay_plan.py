@@ -43,6 +43,11 @@ def monotone(costs: Mapping[int, float]) -> dict[int, float]:
     return out
 
 
+def inversions(costs: Mapping[int, float]) -> int:
+    """How many buckets timed below a smaller bucket: the costs :func:`monotone` raises."""
+    return sum(monotone(costs)[bucket] > cost for bucket, cost in costs.items())
+
+
 def cheapest_cover(rows: int, costs: Mapping[int, float]) -> list[int]:
     """Batch buckets, largest first, whose capacities add up to at least ``rows`` at the least total
     :func:`monotone` ``costs``; of equal totals, the one whose first pick is the smaller bucket."""
