@@ -22,8 +22,10 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from vllm_omni_kani.core.sched.codec_scheduler import (
     DEFAULT_STEP_MAX_FRAMES,
+    DEFAULT_URGENT_CHUNKS,
     FIRST_CHUNKS_ALONE_KEY,
     FIRST_CHUNKS_OUT_FIRST_KEY,
+    URGENT_CHUNKS_KEY,
     BudgetStats,
     KaniCodecScheduler,
     boolean_key,
@@ -32,6 +34,7 @@ from vllm_omni_kani.core.sched.codec_scheduler import (
     first_chunks_alone,
     step_cut,
     step_max_frames,
+    urgent_chunks,
 )
 from vllm_omni_kani.model_executor.models.kani_tts.pipeline import CODEC_SCHEDULER, PIPELINES
 
@@ -89,12 +92,12 @@ def _stream(request_id: str, frames: int) -> SimpleNamespace:
     )
 
 
-def _assembly(first_alone: bool, budget: int = 0) -> KaniCodecScheduler:
+def _assembly(first_alone: bool, budget: int = 0, urgent: int = DEFAULT_URGENT_CHUNKS) -> KaniCodecScheduler:
     """The scheduler's step-assembly state alone (no engine): what ``_defer_over_budget`` reads and writes."""
     scheduler = KaniCodecScheduler.__new__(KaniCodecScheduler)
     scheduler.step_max_frames, scheduler.first_chunks_alone = budget, first_alone
     scheduler._held_last, scheduler._deferred, scheduler._stats = False, [], BudgetStats()
-    scheduler._started = set()
+    scheduler._taken, scheduler.urgent_chunks = {}, urgent
     scheduler.max_num_running_reqs = 256
     return scheduler
 
@@ -105,14 +108,14 @@ def test_a_running_streams_first_chunk_counts_as_first_and_takes_its_step_alone(
     scheduler = _assembly(first_alone=True)
     old = [_stream(f"old{i}", 64) for i in range(3)]
     new = [_stream("new0", 3), _stream("new1", 3)]
-    scheduler._started = {r.request_id for r in old}
+    scheduler._taken = {r.request_id: 1 for r in old}
     running = [old[0], new[0], old[1], new[1], old[2]]
     scheduler.requests = {r.request_id: r for r in running}
     scheduler._defer_over_budget([], running)
     assert running == new and scheduler._deferred == old and scheduler._held_last
     assert scheduler._stats.first_alone_steps == 1 and scheduler.max_num_running_reqs == 256 - 3
     # The next step takes every running chunk, a new first chunk with them.
-    scheduler._started |= {r.request_id for r in new}
+    scheduler._note_taken(r.request_id for r in new)
     newer = _stream("new2", 3)
     running = [*old, newer]
     scheduler.requests[newer.request_id] = newer
@@ -125,10 +128,71 @@ def test_with_a_budget_a_running_first_chunk_is_never_held():
     scheduler = _assembly(first_alone=False, budget=64)
     running = [_stream("old0", 64), _stream("old1", 64), _stream("new", 3)]
     scheduler.requests = {r.request_id: r for r in running}
-    scheduler._started = {"old0", "old1"}
+    scheduler._taken = {"old0": 1, "old1": 1}
     scheduler._defer_over_budget([], running)
     assert [r.request_id for r in running] == ["old0", "new"]
     assert [r.request_id for r in scheduler._deferred] == ["old1"]
+
+
+def test_with_two_urgent_chunks_a_second_chunk_rides_in_the_step_of_first_chunks():
+    """``codec_urgent_chunks: 2``: a stream with one chunk taken is still urgent, so its second chunk goes in the
+    short step with the new streams' first chunks instead of waiting for the step of every running chunk; the
+    streams past their second chunk wait for that step, as every running stream does with the default."""
+    scheduler = _assembly(first_alone=True, urgent=2)
+    long_running = [_stream(f"old{i}", 64) for i in range(3)]
+    second = _stream("second", 8)
+    new = _stream("new", 3)
+    scheduler._taken = {**{r.request_id: 4 for r in long_running}, "second": 1}
+    running = [long_running[0], second, long_running[1], new, long_running[2]]
+    scheduler.requests = {r.request_id: r for r in running}
+    scheduler._defer_over_budget([], running)
+    assert running == [second, new] and scheduler._deferred == long_running and scheduler._held_last
+    # The default: the second chunk waits with the running streams.
+    scheduler = _assembly(first_alone=True)
+    scheduler._taken = {**{r.request_id: 4 for r in long_running}, "second": 1}
+    running = [long_running[0], second, long_running[1], new, long_running[2]]
+    scheduler.requests = {r.request_id: r for r in running}
+    scheduler._defer_over_budget([], running)
+    assert running == [new] and scheduler._deferred == [long_running[0], second, *long_running[1:]]
+
+
+def test_with_a_budget_urgent_chunks_are_never_held():
+    scheduler = _assembly(first_alone=False, budget=64, urgent=2)
+    running = [_stream("old0", 64), _stream("old1", 64), _stream("second", 8)]
+    scheduler.requests = {r.request_id: r for r in running}
+    scheduler._taken = {"old0": 3, "old1": 3, "second": 1}
+    scheduler._defer_over_budget([], running)
+    assert [r.request_id for r in running] == ["old0", "second"]
+    assert [r.request_id for r in scheduler._deferred] == ["old1"]
+
+
+def test_chunk_counts_leave_with_their_requests_over_many_streams():
+    """Each step counts a chunk for the streams it took; a stream's count goes when its request does (finished or
+    aborted): nothing is left over 10,000 streams."""
+    scheduler = _assembly(first_alone=True, urgent=2)
+    scheduler.requests = {}
+    for i in range(10_000):
+        rid = f"r{i}"
+        scheduler.requests[rid] = _stream(rid, 8)
+        scheduler._note_taken([rid])
+        scheduler._note_taken([rid])
+        assert scheduler._taken[rid] == 2
+        if i % 3 == 0:
+            del scheduler.requests[rid]  # finished or aborted right after its second chunk
+        scheduler.requests.pop(f"r{i - 50}", None)  # the others 50 streams later
+    scheduler._note_taken([])
+    assert set(scheduler._taken) == set(scheduler.requests) and len(scheduler._taken) <= 50
+    scheduler.requests.clear()
+    scheduler._note_taken([])
+    assert scheduler._taken == {}
+
+
+def test_the_urgent_chunks_knob_is_a_positive_integer():
+    assert urgent_chunks({}) == DEFAULT_URGENT_CHUNKS == 1
+    assert urgent_chunks({URGENT_CHUNKS_KEY: 2}) == 2
+    for bad in (0, -1, "2", 1.5, True, None):
+        with pytest.raises(ValueError, match=URGENT_CHUNKS_KEY):
+            urgent_chunks({URGENT_CHUNKS_KEY: bad})
 
 
 def test_the_first_chunks_alone_knob_is_a_boolean():
@@ -246,3 +310,12 @@ def test_with_out_first_a_step_of_first_chunks_leaves_before_the_next_step_is_la
         ("output", ("c",)),
     ]
     assert not core.scheduler._first_steps_in_flight and not core.scheduler.requests
+
+
+def test_the_urgent_chunks_knob_reaches_a_real_scheduler(tiny_flattened):
+    from tests.test_admission_cadence import scheduler
+
+    assert scheduler(tiny_flattened, scheduler_cls=KaniCodecScheduler).urgent_chunks == 1
+    assert scheduler(tiny_flattened, scheduler_cls=KaniCodecScheduler, **{URGENT_CHUNKS_KEY: 2}).urgent_chunks == 2
+    with pytest.raises(ValueError, match=URGENT_CHUNKS_KEY):
+        scheduler(tiny_flattened, scheduler_cls=KaniCodecScheduler, **{URGENT_CHUNKS_KEY: 0})

@@ -21,6 +21,14 @@ at 64 streams on an H200 (docs/BENCHMARKS.md, twenty-first set), where a step of
 5-19 ms (fifteenth set). With requests arriving one by one at 256 streams it cut that step from 154-161 to
 103-114 ms p50 and TTFA by 9-12% (twenty-second set).
 
+``codec_urgent_chunks`` (default 1) is how many of a stream's first chunks get the first chunk's place: before the
+budget and, with ``codec_first_chunks_alone``, in the step of first chunks alone. With 2 a stream's second chunk
+rides in that short step as well instead of waiting for the next step of every running stream. Why: a stream's first
+chunk is 240 ms of audio, and its player runs dry unless the second chunk arrives before that has played; served on
+one H200 at 256 streams of 250-frame requests 13-18% of the requests stalled right after their first chunk
+(docs/BENCHMARKS.md, fifty-fourth set), where a step of every running stream's chunks (up to 64 frames each) takes a
+few hundred milliseconds. Not yet served; 1 keeps the shipped behaviour.
+
 ``codec_first_chunks_out_first`` (off unless set) hands a step of first chunks back before the next step is
 scheduled. Under async scheduling vLLM's batch queue (``EngineCore.step_with_batch_queue``) schedules and launches
 step N+1 before it waits for step N and turns it into outputs, so a short step of first chunks leaves only after
@@ -61,6 +69,9 @@ DEFAULT_STEP_MAX_FRAMES = 0
 FIRST_CHUNKS_ALONE_KEY = "codec_first_chunks_alone"
 # Stage 1 additional_config: a step with first chunks is taken before the next is scheduled (module docstring).
 FIRST_CHUNKS_OUT_FIRST_KEY = "codec_first_chunks_out_first"
+# Stage 1 additional_config: how many of a stream's first chunks are scheduled as first chunks are (module docstring).
+URGENT_CHUNKS_KEY = "codec_urgent_chunks"
+DEFAULT_URGENT_CHUNKS = 1
 # The scheduler logs what the bound did when it held chunks back, at most this often.
 SUMMARY_INTERVAL_S = 10.0
 
@@ -125,11 +136,12 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         self.step_max_frames = step_max_frames(config)
         self.first_chunks_alone = first_chunks_alone(config)
         self.first_chunks_out_first = boolean_key(config, FIRST_CHUNKS_OUT_FIRST_KEY)
+        self.urgent_chunks = urgent_chunks(config)
         # id() of each scheduled step that holds a first chunk and that update_from_output has not taken yet (the
         # engine's batch queue keeps the step object alive until then, so the id is unique meanwhile).
         self._first_steps_in_flight: set[int] = set()
         self._held_last = False  # the last step held running chunks back for its first chunks
-        self._started: set[str] = set()  # request ids of the streams a step has taken a chunk of
+        self._taken: dict[str, int] = {}  # chunks a step has taken, per stream (request id) that had one
         self._deferred: list[Request] = []
         self._stats = BudgetStats(since=time.monotonic())
         self._last_summary: float | None = None
@@ -146,8 +158,9 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
 
             adapter.process_pending_chunks = receive_then_bound
         logger.info(
-            "Kani codec scheduler: at most %s frames a step, first chunks first%s%s",
+            "Kani codec scheduler: at most %s frames a step, %s first%s%s",
             self.step_max_frames if self.step_max_frames > 0 else "(no bound)",
+            "first chunks" if self.urgent_chunks == 1 else f"a stream's first {self.urgent_chunks} chunks",
             ", and alone" if self.first_chunks_alone else "",
             ", out before the next step" if self.first_chunks_out_first else "",
         )
@@ -161,14 +174,14 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
     def _defer_over_budget(self, waiting: Any, running: list[Request]) -> None:
         """Move the running requests whose chunks do not fit this step out of ``running`` until it is assembled.
 
-        A first chunk (its stream never scheduled before) is never held, wherever it waits: Stage 1's requests are
-        created when their Stage-0 request is submitted, so most streams are already running when their first chunk
-        arrives, not waiting. (The connector resets a request's computed tokens with every chunk, so they cannot
-        tell.)"""
+        A first chunk (its stream never scheduled before), or one of a stream's first ``codec_urgent_chunks``, is
+        never held, wherever it waits: Stage 1's requests are created when their Stage-0 request is submitted, so
+        most streams are already running when their first chunk arrives, not waiting. (The connector resets a
+        request's computed tokens with every chunk, so they cannot tell.)"""
         ready = self._ready(running)
-        started = self._started
-        firsts = [r for r in ready if r.request_id not in started]
-        ready = [r for r in ready if r.request_id in started]
+        taken, urgent = self._taken, self.urgent_chunks
+        firsts = [r for r in ready if taken.get(r.request_id, 0) < urgent]
+        ready = [r for r in ready if taken.get(r.request_id, 0) >= urgent]
         committed = sum(chunk_frames(r) for r in self._ready(waiting)) + sum(chunk_frames(r) for r in firsts)
         frames = [chunk_frames(r) for r in ready]
         if not frames and not committed:
@@ -194,11 +207,9 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
             scheduler_output = super().schedule(throttle_prefills)
             if self._tracks_starts:
                 scheduled = scheduler_output.num_scheduled_tokens
-                if self.first_chunks_out_first and not self._started.issuperset(scheduled):
+                if self.first_chunks_out_first and any(rid not in self._taken for rid in scheduled):
                     self._first_steps_in_flight.add(id(scheduler_output))
-                # Streams that have had a chunk scheduled; finished ones leave with their requests.
-                self._started.update(scheduled)
-                self._started.intersection_update(self.requests)
+                self._note_taken(scheduled)
             return scheduler_output
         finally:
             if self._deferred:
@@ -207,6 +218,14 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
                 self.max_num_running_reqs += len(self._deferred)
                 self._deferred = []
             self._maybe_log_summary()
+
+    def _note_taken(self, scheduled: Iterable[str]) -> None:
+        """Count a chunk for each stream a step took one of; finished streams leave with their requests."""
+        taken = self._taken
+        for rid in scheduled:
+            taken[rid] = taken.get(rid, 0) + 1
+        for rid in [rid for rid in taken if rid not in self.requests]:
+            del taken[rid]
 
     def has_requests(self) -> bool:
         """False while a step of first chunks is in flight, so the engine takes it before scheduling another."""
@@ -254,6 +273,14 @@ def step_max_frames(config: Any) -> int:
 def first_chunks_alone(config: Any) -> bool:
     """``codec_first_chunks_alone`` of a Stage-1 ``additional_config`` (default off); a YAML boolean only."""
     return boolean_key(config, FIRST_CHUNKS_ALONE_KEY)
+
+
+def urgent_chunks(config: Any) -> int:
+    """``codec_urgent_chunks`` of a Stage-1 ``additional_config``: a positive integer (default 1: first chunks)."""
+    raw = config.get(URGENT_CHUNKS_KEY, DEFAULT_URGENT_CHUNKS)
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{URGENT_CHUNKS_KEY} must be an integer >= 1 (1: first chunks only), got {raw!r}")
+    return raw
 
 
 def boolean_key(config: Any, key: str) -> bool:
