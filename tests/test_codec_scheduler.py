@@ -319,3 +319,27 @@ def test_the_urgent_chunks_knob_reaches_a_real_scheduler(tiny_flattened):
     assert scheduler(tiny_flattened, scheduler_cls=KaniCodecScheduler, **{URGENT_CHUNKS_KEY: 2}).urgent_chunks == 2
     with pytest.raises(ValueError, match=URGENT_CHUNKS_KEY):
         scheduler(tiny_flattened, scheduler_cls=KaniCodecScheduler, **{URGENT_CHUNKS_KEY: 0})
+
+
+def test_with_two_urgent_chunks_the_pipeline_speaks_as_without(tiny_parallel, tmp_path):
+    """The offline CPU pipeline (a step budget, first chunks alone) with ``codec_urgent_chunks: 2``: its scheduler
+    reads the key (its log line) and every utterance equals the one spoken without it, within one PCM16 step (the
+    codec's steps batch the streams differently)."""
+    import numpy as np
+
+    from tests.conftest import REPO_ROOT, speak_offline
+    from vllm_omni_kani.benchmarks.variants import derive
+
+    base = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
+    changes = [
+        f"stages.1.additional_config.{URGENT_CHUNKS_KEY}=2",
+        f"stages.1.additional_config.{FIRST_CHUNKS_ALONE_KEY}=true",
+    ]
+    urgent = derive(base, tmp_path / "urgent.yaml", changes)
+    texts = ["Hello there.", "A second one, a little longer.", "And a third."]
+    log, spoken = speak_offline(tiny_parallel, urgent, texts, tmp_path / "urgent", max_new_tokens=40)
+    assert "a stream's first 2 chunks first, and alone" in log, log[-3000:]
+    _, reference = speak_offline(tiny_parallel, base, texts, tmp_path / "base", max_new_tokens=40)
+    for a, b in zip(spoken, reference, strict=True):
+        assert a.shape == b.shape and a.any()
+        assert np.abs(a.astype(np.int32) - b).max() <= 1
