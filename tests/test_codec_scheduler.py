@@ -188,11 +188,14 @@ def test_chunk_counts_leave_with_their_requests_over_many_streams():
 
 
 def test_the_urgent_chunks_knob_is_a_positive_integer():
-    assert urgent_chunks({}) == DEFAULT_URGENT_CHUNKS == 1
-    assert urgent_chunks({URGENT_CHUNKS_KEY: 2}) == 2
+    def stage(**config: Any) -> SimpleNamespace:
+        return SimpleNamespace(additional_config=config)
+
+    assert urgent_chunks(stage()) == DEFAULT_URGENT_CHUNKS == 1
+    assert urgent_chunks(stage(**{URGENT_CHUNKS_KEY: 2})) == 2
     for bad in (0, -1, "2", 1.5, True, None):
         with pytest.raises(ValueError, match=URGENT_CHUNKS_KEY):
-            urgent_chunks({URGENT_CHUNKS_KEY: bad})
+            urgent_chunks(stage(**{URGENT_CHUNKS_KEY: bad}))
 
 
 def test_the_first_chunks_alone_knob_is_a_boolean():

@@ -56,7 +56,7 @@ from vllm.v1.request import Request
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
 from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config, additional_config_int
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class KaniCodecScheduler(FirstOutputTracing, OmniGenerationScheduler):
         self.step_max_frames = step_max_frames(config)
         self.first_chunks_alone = first_chunks_alone(config)
         self.first_chunks_out_first = boolean_key(config, FIRST_CHUNKS_OUT_FIRST_KEY)
-        self.urgent_chunks = urgent_chunks(config)
+        self.urgent_chunks = urgent_chunks(self.vllm_config)
         # id() of each scheduled step that holds a first chunk and that update_from_output has not taken yet (the
         # engine's batch queue keeps the step object alive until then, so the id is unique meanwhile).
         self._first_steps_in_flight: set[int] = set()
@@ -275,12 +275,9 @@ def first_chunks_alone(config: Any) -> bool:
     return boolean_key(config, FIRST_CHUNKS_ALONE_KEY)
 
 
-def urgent_chunks(config: Any) -> int:
-    """``codec_urgent_chunks`` of a Stage-1 ``additional_config``: a positive integer (default 1: first chunks)."""
-    raw = config.get(URGENT_CHUNKS_KEY, DEFAULT_URGENT_CHUNKS)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise ValueError(f"{URGENT_CHUNKS_KEY} must be an integer >= 1 (1: first chunks only), got {raw!r}")
-    return raw
+def urgent_chunks(vllm_config: Any) -> int:
+    """``codec_urgent_chunks`` of Stage 1's ``additional_config``: an integer >= 1 (default 1: first chunks only)."""
+    return additional_config_int(vllm_config, URGENT_CHUNKS_KEY, DEFAULT_URGENT_CHUNKS, least=1)
 
 
 def boolean_key(config: Any, key: str) -> bool:
