@@ -149,6 +149,25 @@ def audio_to_host(audio: list[torch.Tensor], non_blocking: bool = False, pcm16: 
     return out
 
 
+def graph_buckets(config: Mapping[str, Any], policy: ChunkPolicy) -> tuple[list[int], list[int]]:
+    """(batch, frames) CUDA-graph buckets of Stage 1's ``additional_config`` ``config`` for the chunking ``policy``;
+    frames default to the longest window.
+
+    ``codec_cudagraph_batch_sizes: []`` turns the graphs off. Frames: every multiple of 8 up to the longest
+    streaming window, plus the windows that recur exactly (``ChunkPolicy.recurring_windows``), so they replay
+    unpadded: the first chunk (``initial_codec_chunk_frames``) and ``codec_left_context_frames`` + each steady
+    chunk size (``codec_chunk_frames``, and with a ramp every size up to ``max_codec_chunk_frames``); padding
+    the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
+    """
+    batches = config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)
+    frames = config.get("codec_cudagraph_frames")
+    if frames is None:
+        windows = policy.recurring_windows()
+        top = -(-max(windows) // GRAPH_FRAME_STEP) * GRAPH_FRAME_STEP
+        frames = sorted({*range(GRAPH_FRAME_STEP, top + 1, GRAPH_FRAME_STEP), *windows})
+    return [int(b) for b in batches], [int(t) for t in frames]
+
+
 def copies_audio_without_waiting(async_scheduling: bool | None, device: torch.device) -> bool:
     """Whether a codec stage's steps hand their audio over with ``audio_to_host(non_blocking=True)``: on CUDA, under
     vLLM's async scheduling (vLLM turns it on for Stage 1 unless the YAML turns it off), unless
@@ -280,22 +299,8 @@ class KaniNanoCodecForGeneration(nn.Module):
         return {name for name, _ in self.named_parameters()}
 
     def _graph_buckets(self) -> tuple[list[int], list[int]]:
-        """(batch, frames) buckets from the stage's ``additional_config``; frames default to the longest window.
-
-        ``codec_cudagraph_batch_sizes: []`` turns the graphs off. Frames: every multiple of 8 up to the longest
-        streaming window, plus the windows that recur exactly (``ChunkPolicy.recurring_windows``), so they replay
-        unpadded: the first chunk (``initial_codec_chunk_frames``) and ``codec_left_context_frames`` + each steady
-        chunk size (``codec_chunk_frames``, and with a ramp every size up to ``max_codec_chunk_frames``); padding
-        the steady 44 frames to 48 cost 9% of the codec's batched throughput (docs/BENCHMARKS.md).
-        """
-        config = additional_config(self.vllm_config)
-        batches = config.get("codec_cudagraph_batch_sizes", DEFAULT_BATCH_BUCKETS)
-        frames = config.get("codec_cudagraph_frames")
-        if frames is None:
-            windows = self.chunk_policy.recurring_windows()
-            top = -(-max(windows) // GRAPH_FRAME_STEP) * GRAPH_FRAME_STEP
-            frames = sorted({*range(GRAPH_FRAME_STEP, top + 1, GRAPH_FRAME_STEP), *windows})
-        return [int(b) for b in batches], [int(t) for t in frames]
+        """(batch, frames) buckets from the stage's ``additional_config`` and chunking (:func:`graph_buckets`)."""
+        return graph_buckets(additional_config(self.vllm_config), self.chunk_policy)
 
     def _capture_graphs(self) -> None:
         """Capture the codec's CUDA graphs (CUDA only); a failure leaves the stage decoding eagerly."""
