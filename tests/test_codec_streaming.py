@@ -360,3 +360,26 @@ def test_streaming_graphs_equal_eager(ckpt):
     assert graphs.replays > 0
     for rid in utterances:
         torch.testing.assert_close(b[rid], a[rid], atol=STREAM_ATOL, rtol=0)
+
+
+@pytest.mark.engine
+def test_paced_chunks_speak_as_the_fixed_schedule(tiny_parallel, tmp_path):
+    """The offline CPU pipeline with a lead far above any utterance (``codec_chunk_lead_ms``: every later chunk is
+    due at once, so each producer call sends what it has): its chunks go out paced (the trace says so) and every
+    utterance equals the one spoken with the fixed sizes, within one PCM16 step (other chunkings, same audio)."""
+    from tests.conftest import REPO_ROOT, speak_offline
+    from vllm_omni_kani.benchmarks.variants import derive
+    from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import LEAD_KEY
+
+    base = REPO_ROOT / "stage_configs/kani_tts_cpu.yaml"
+    paced = derive(base, tmp_path / "paced.yaml", [f"connectors.shm.extra.{LEAD_KEY}=600000"])
+    texts = ["Hello there.", "A second one, a little longer."]
+    log, spoken = speak_offline(
+        tiny_parallel, paced, texts, tmp_path / "paced", max_new_tokens=40, env={"KANI_TRACE_CHUNKS": "1"}
+    )
+    emitted = [line for line in log.splitlines() if "stage0 emit" in line]
+    assert sum("paced=True" in line for line in emitted) >= len(texts), log[-3000:]
+    _, reference = speak_offline(tiny_parallel, base, texts, tmp_path / "base", max_new_tokens=40)
+    for a, b in zip(spoken, reference, strict=True):
+        assert a.shape == b.shape and a.any()
+        assert np.abs(a.astype(np.int32) - b).max() <= 1

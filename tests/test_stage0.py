@@ -15,9 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import REPO_ROOT
+from vllm_omni_kani.benchmarks.playback import Playback
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, generate_frames
 from vllm_omni_kani.model_executor.stage_input_processors.kani_chunks import (
+    FRAME_SECONDS,
+    LEAD_KEY,
     ChunkPolicy,
     FrameStream,
     frames_from_parallel_output,
@@ -364,6 +367,77 @@ def test_chunk_stream_covers_every_frame_once_with_bounded_context(max_chunk, se
         if chunk is not None and not chunk.finished and chunk.left_context == policy.left_context_frames:
             windows.append(len(chunk.window))
     assert windows and set(windows) <= set(policy.recurring_windows())
+
+
+# The chunk sizes of kani_tts.yaml: 3, then 8 doubling to 64.
+GPU_CHUNKS = {"initial_codec_chunk_frames": 3, "codec_chunk_frames": 8, "max_codec_chunk_frames": 64}
+
+
+def _paced_run(policy: ChunkPolicy, step_s: float, delivery_s: float, total: int = 250) -> tuple[list, Playback]:
+    """One stream whose Stage 0 makes a frame every ``step_s`` (the producer called after each), each chunk heard
+    ``delivery_s`` after it goes out: its chunks and the listener's playback."""
+    rng = np.random.default_rng(7)
+    frames = [tl.pack_frame(row) for row in rng.integers(0, tl.CODEBOOK_SIZE, (total, tl.NUM_CODEBOOKS)).tolist()]
+    stream, chunks, player = FrameStream("parallel"), [], Playback()
+    for i, frame in enumerate(frames):
+        now = (i + 1) * step_s
+        stream.frames.append(frame)
+        chunk = stream.next_chunk(policy, i == total - 1, now)
+        if chunk is not None:
+            chunks.append(chunk)
+            player.arrive(now + delivery_s, chunk.new_frames * FRAME_SECONDS)
+    new = np.concatenate([c.window[c.left_context :] for c in chunks])
+    np.testing.assert_array_equal(new, tl.unpack_frames(frames))  # every frame once, in order
+    return chunks, player
+
+
+def test_the_chunk_lead_knob_is_milliseconds_and_refuses_nonsense():
+    assert ChunkPolicy.from_extra({}).lead_s is None
+    assert ChunkPolicy.from_extra({LEAD_KEY: 120}).lead_s == pytest.approx(0.12)
+    assert ChunkPolicy.from_extra({LEAD_KEY: 0}).lead_s == 0.0
+    for bad in ("120", True, [1], -5, float("nan")):
+        with pytest.raises(ValueError, match=LEAD_KEY):
+            ChunkPolicy.from_extra({LEAD_KEY: bad})
+
+
+def test_paced_chunks_keep_a_slow_stream_ahead_of_its_listener():
+    """The shipped sizes (3, then 8 doubling to 64) with Stage 0 stepping every 34 ms (a loaded H200 with long
+    requests): the 8-frame second chunk takes 272 ms, longer than the first chunk's 240 ms of audio, so the listener
+    stalls. With a 100-ms lead the second chunk goes out with what it has before the first has played, the stream
+    stays ahead to its end, and it costs at most two chunks more."""
+    fixed, fixed_player = _paced_run(ChunkPolicy.from_extra(GPU_CHUNKS), step_s=0.034, delivery_s=0.05)
+    assert fixed_player.stalls >= 1 and fixed_player.first_stall_at_s == pytest.approx(3 * FRAME_SECONDS)
+    assert not any(c.paced for c in fixed)
+
+    paced, player = _paced_run(ChunkPolicy.from_extra({**GPU_CHUNKS, LEAD_KEY: 100}), step_s=0.034, delivery_s=0.05)
+    assert player.stall_s == 0
+    assert paced[0].new_frames == 3 and not paced[0].paced
+    assert paced[1].paced and paced[1].new_frames < 8
+    assert len(paced) <= len(fixed) + 2
+    assert [c.finished for c in paced] == [False] * (len(paced) - 1) + [True]
+
+
+def test_paced_chunks_leave_a_fast_stream_as_it_was():
+    """Stage 0 stepping every 12 ms: every chunk reaches its size well before the listener needs it, so the lead
+    never fires and the chunks are the fixed schedule's, frame for frame."""
+    fixed, _ = _paced_run(ChunkPolicy.from_extra(GPU_CHUNKS), step_s=0.012, delivery_s=0.05)
+    paced, player = _paced_run(ChunkPolicy.from_extra({**GPU_CHUNKS, LEAD_KEY: 100}), step_s=0.012, delivery_s=0.05)
+    assert [c.new_frames for c in paced] == [c.new_frames for c in fixed] == [3, 8, 16, 32, 64, 64, 63]
+    assert not any(c.paced for c in paced) and player.stall_s == 0
+
+
+def test_a_paced_stream_sends_nothing_without_new_frames():
+    """Behind its listener with no frame pending, a stream has nothing to send (no empty chunk); without a clock,
+    or before its first chunk, the lead does not apply."""
+    policy = ChunkPolicy(initial_chunk_frames=3, chunk_frames=8, lead_s=0.1)
+    stream = FrameStream("parallel", frames=[tl.pack_frame([1, 2, 3, 4])] * 3)
+    assert not stream.behind(policy, now=100.0)  # no first chunk yet
+    assert stream.next_chunk(policy, False, now=0.0).new_frames == 3
+    assert stream.behind(policy, now=0.15) and stream.next_chunk(policy, False, now=0.15) is None
+    stream.frames.append(tl.pack_frame([5, 6, 7, 8]))
+    assert stream.next_chunk(policy, False) is None  # no clock: only the sizes decide
+    chunk = stream.next_chunk(policy, False, now=0.15)
+    assert chunk.paced and chunk.new_frames == 1 and chunk.index == 1
 
 
 def test_frame_stream_pairs_live_tokens_with_step_codes():

@@ -8,6 +8,10 @@ window and keeps only the audio of the new frames. With at least the decoder's r
 field of left context, streamed audio equals a single decode of all frames. With a stateful
 codec (``codec_stateful_decode``) Stage 1 keeps each stream's causal state itself, so chunks
 carry no context: only their new frames and their sequence number.
+
+With ``codec_chunk_lead_ms`` set, a later chunk also goes out early, with whatever frames are pending, once a
+listener who started playing when the stream's first chunk left would run out of the audio sent so far within that
+lead: the fixed sizes assume Stage 0 steps faster than the audio plays by a margin, and under load it may not.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from typing import Any
 import numpy as np
 
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import FRAME_RATE
 
 # The NanoCodec decoder looks 27.4 frames back; 28 makes chunked audio equal to one decode.
 DEFAULT_LEFT_CONTEXT_FRAMES = 28
 DEFAULT_INITIAL_CHUNK_FRAMES = 3
 DEFAULT_CHUNK_FRAMES = 16
+# Seconds of audio one frame plays for: the pace a listener consumes a stream at.
+FRAME_SECONDS = 1.0 / FRAME_RATE
+LEAD_KEY = "codec_chunk_lead_ms"
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,8 @@ class ChunkPolicy:
     max_chunk_frames: int | None = None
     # Stage 1 keeps every stream's decoder state: windows carry no left context.
     stateful: bool = False
+    # Paced chunks (``codec_chunk_lead_ms``, in seconds here); None: only the sizes above decide.
+    lead_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.initial_chunk_frames <= 0 or self.chunk_frames <= 0 or self.left_context_frames < 0:
@@ -55,21 +65,28 @@ class ChunkPolicy:
                 f"invalid codec chunking: max_codec_chunk_frames={self.max_chunk_frames} must be >= "
                 f"codec_chunk_frames={self.chunk_frames} (leave it out for no ramp)"
             )
+        if self.lead_s is not None and not self.lead_s >= 0:
+            raise ValueError(f"invalid codec chunking: {LEAD_KEY} must be >= 0, got {self.lead_s * 1000!r}")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> ChunkPolicy:
         """Read ``codec_chunk_frames`` / ``initial_codec_chunk_frames`` / ``codec_left_context_frames`` /
-        ``max_codec_chunk_frames`` (default: ``codec_chunk_frames``, no ramp) / ``codec_stateful_decode``."""
+        ``max_codec_chunk_frames`` (default: ``codec_chunk_frames``, no ramp) / ``codec_stateful_decode`` /
+        ``codec_chunk_lead_ms`` (default: none, no paced chunks)."""
         ramp_max = extra.get("max_codec_chunk_frames")
         stateful = extra.get("codec_stateful_decode", False)
         if not isinstance(stateful, bool):
             raise ValueError(f"invalid codec chunking: codec_stateful_decode must be true or false, got {stateful!r}")
+        lead_ms = extra.get(LEAD_KEY)
+        if lead_ms is not None and (isinstance(lead_ms, bool) or not isinstance(lead_ms, int | float)):
+            raise ValueError(f"invalid codec chunking: {LEAD_KEY} must be a number of milliseconds, got {lead_ms!r}")
         return cls(
             initial_chunk_frames=int(extra.get("initial_codec_chunk_frames", DEFAULT_INITIAL_CHUNK_FRAMES)),
             chunk_frames=int(extra.get("codec_chunk_frames", DEFAULT_CHUNK_FRAMES)),
             left_context_frames=int(extra.get("codec_left_context_frames", DEFAULT_LEFT_CONTEXT_FRAMES)),
             max_chunk_frames=None if ramp_max is None else int(ramp_max),
             stateful=stateful,
+            lead_s=None if lead_ms is None else lead_ms / 1000.0,
         )
 
     @property
@@ -113,6 +130,7 @@ class Chunk:
     left_context: int  # frames at the start of ``window`` that were already decoded
     finished: bool  # the last chunk of the request
     index: int = 0  # 0 for a stream's first chunk, then 1, 2, ...
+    paced: bool = False  # sent before its size was reached, to keep ahead of a listener (``codec_chunk_lead_ms``)
 
     @property
     def new_frames(self) -> int:
@@ -128,6 +146,8 @@ class FrameStream:
     frames: list[int] = field(default_factory=list)
     sent: int = 0
     chunks: int = 0
+    # When the first chunk went out (the caller's clock, seconds): a listener's playback starts about then.
+    first_sent_at: float | None = None
     # parallel: codebooks 2-4 packed as the model sends them (token_layout.pack_codes), one per kept step
     code_rows: list[int] = field(default_factory=list)
     tokens_paired: int = 0
@@ -170,24 +190,41 @@ class FrameStream:
         codebooks 2-4; negative: frames without their codes were dropped; positive: codes of tokens not kept)."""
         return len(self.code_rows) - len(output_token_ids) if self.variant == "parallel" else 0
 
-    def next_chunk(self, policy: ChunkPolicy, finished: bool) -> Chunk | None:
+    def behind(self, policy: ChunkPolicy, now: float | None) -> bool:
+        """Paced chunks: would a listener who started when the first chunk went out run out of the audio sent so far
+        within ``policy.lead_s`` of ``now``?"""
+        if policy.lead_s is None or self.first_sent_at is None or now is None:
+            return False
+        return now >= self.first_sent_at + self.sent * FRAME_SECONDS - policy.lead_s
+
+    def next_chunk(self, policy: ChunkPolicy, finished: bool, now: float | None = None) -> Chunk | None:
         """The next window to decode, or None until enough new frames exist.
 
         The first chunk is small (``initial_chunk_frames``) for a fast first sound, later ones
         ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
-        is finished every remaining frame goes out.
+        is finished every remaining frame goes out. ``now`` (seconds, any one clock per stream) paces later chunks
+        when ``policy.lead_s`` is set: every pending frame goes out once the stream is ``behind``.
         """
         pending = len(self.frames) - self.sent
         target = policy.chunk_size(self.chunks)
-        if pending <= 0 or (not finished and pending < target):
+        if pending <= 0:
             return None
-        end = len(self.frames) if finished else self.sent + target * (pending // target)
+        paced = not finished and pending < target and self.behind(policy, now)
+        if not finished and pending < target and not paced:
+            return None
+        end = len(self.frames) if finished or paced else self.sent + target * (pending // target)
         left = min(policy.window_context_frames, self.sent)
         window = tl.unpack_frames(self.frames[self.sent - left : end])
         self.sent = end
+        if self.chunks == 0:
+            self.first_sent_at = now
         self.chunks += 1
         return Chunk(
-            window=window, left_context=left, finished=finished and end == len(self.frames), index=self.chunks - 1
+            window=window,
+            left_context=left,
+            finished=finished and end == len(self.frames),
+            index=self.chunks - 1,
+            paced=paced,
         )
 
 

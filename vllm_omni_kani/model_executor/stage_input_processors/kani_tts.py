@@ -45,6 +45,33 @@ _ENDED_WITHOUT_TERMINAL_CALL = frozenset(
     {RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR, RequestStatus.FINISHED_IGNORED}
 )
 _TRACE = trace_chunks()
+# With paced chunks on, how often a line says how many chunks went out paced (what the lead did under load).
+_PACED_LOG_S = 10.0
+
+
+class _PacedMeter:
+    """Counts a stage's chunks and its paced ones, logged every ``_PACED_LOG_S`` while chunks go out."""
+
+    def __init__(self) -> None:
+        self.chunks = self.paced = 0
+        self.since = time.monotonic()
+
+    def note(self, chunk: Chunk, lead_s: float, now: float) -> None:
+        self.chunks += 1
+        self.paced += chunk.paced
+        if now - self.since >= _PACED_LOG_S:
+            logger.info(
+                "kani chunks: %d of %d in the last %.1f s went out paced (a listener within %.0f ms of running out)",
+                self.paced,
+                self.chunks,
+                now - self.since,
+                lead_s * 1000,
+            )
+            self.chunks = self.paced = 0
+            self.since = now
+
+
+_paced_meter = _PacedMeter()
 
 
 def _connector_extra(transfer_manager: Any) -> Mapping[str, Any]:
@@ -120,7 +147,9 @@ def _async_chunk(
     # Only the flag captured with this step: the save thread may run behind the engine, and a live
     # request.is_finished() would close the stream before the codes of the last steps have arrived.
     finished = bool(is_finished)
-    chunk = stream.next_chunk(entry["policy"], finished)
+    policy: ChunkPolicy = entry["policy"]
+    now = time.monotonic()
+    chunk = stream.next_chunk(policy, finished, now)
     if finished and (gap := stream.unpaired_rows(request.output_token_ids)):
         # Each kept step brings one token and one code row; a mismatch means a step's payload and its token parted.
         logger.warning(
@@ -141,14 +170,17 @@ def _async_chunk(
     if chunk is None:
         # Nothing new: the connector still sends its own terminal marker on finish.
         return None
+    if policy.lead_s is not None:
+        _paced_meter.note(chunk, policy.lead_s, now)
     if _TRACE:
         logger.info(
-            "kani trace: stage0 emit req=%s chunk=%d left=%d new=%d finished=%s frames_so_far=%d wall=%.6f",
+            "kani trace: stage0 emit req=%s chunk=%d left=%d new=%d finished=%s paced=%s frames_so_far=%d wall=%.6f",
             ext_id,
             stream.chunks - 1,
             chunk.left_context,
             chunk.new_frames,
             chunk.finished,
+            chunk.paced,
             len(stream.frames),
             time.time(),
         )
