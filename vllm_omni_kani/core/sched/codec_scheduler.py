@@ -27,7 +27,10 @@ rides in that short step as well instead of waiting for the next step of every r
 chunk is 240 ms of audio, and its player runs dry unless the second chunk arrives before that has played; served on
 one H200 at 256 streams of 250-frame requests 13-18% of the requests stalled right after their first chunk
 (docs/BENCHMARKS.md, fifty-fourth set), where a step of every running stream's chunks (up to 64 frames each) takes a
-few hundred milliseconds. Not yet served; 1 keeps the shipped behaviour.
+few hundred milliseconds. Served (fifty-fifth set) 2.5-11% of those requests stalled with 2 against 13.5-14% with 1,
+at -3 and -4% frames/s there, within what two runs of the shipped file differed by; the stalls left are Stage 0's
+own pace (its 8 steps for the second chunk take longer than the first chunk plays), which paced chunks
+(``codec_chunk_lead_ms``, Stage 0's side) address. 1 keeps the shipped behaviour.
 
 ``codec_first_chunks_out_first`` (off unless set) hands a step of first chunks back before the next step is
 scheduled. Under async scheduling vLLM's batch queue (``EngineCore.step_with_batch_queue``) schedules and launches
