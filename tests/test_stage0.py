@@ -426,18 +426,32 @@ def test_paced_chunks_leave_a_fast_stream_as_it_was():
     assert not any(c.paced for c in paced) and player.stall_s == 0
 
 
-def test_a_paced_stream_sends_nothing_without_new_frames():
-    """Behind its listener with no frame pending, a stream has nothing to send (no empty chunk); without a clock,
-    or before its first chunk, the lead does not apply."""
+def test_a_paced_chunk_needs_half_its_size():
+    """Behind its listener, a stream sends a paced chunk only once half the chunk's size is pending (a stream Stage 0
+    makes slower than it plays would otherwise go out a frame a chunk); without a clock, or before its first chunk,
+    the lead does not apply."""
     policy = ChunkPolicy(initial_chunk_frames=3, chunk_frames=8, lead_s=0.1)
-    stream = FrameStream("parallel", frames=[tl.pack_frame([1, 2, 3, 4])] * 3)
+    frame = tl.pack_frame([1, 2, 3, 4])
+    stream = FrameStream("parallel", frames=[frame] * 3)
     assert not stream.behind(policy, now=100.0)  # no first chunk yet
     assert stream.next_chunk(policy, False, now=0.0).new_frames == 3
     assert stream.behind(policy, now=0.15) and stream.next_chunk(policy, False, now=0.15) is None
-    stream.frames.append(tl.pack_frame([5, 6, 7, 8]))
+    stream.frames += [frame] * 3
+    assert stream.next_chunk(policy, False, now=0.15) is None  # 3 of 8: under half
+    stream.frames.append(frame)
     assert stream.next_chunk(policy, False) is None  # no clock: only the sizes decide
     chunk = stream.next_chunk(policy, False, now=0.15)
-    assert chunk.paced and chunk.new_frames == 1 and chunk.index == 1
+    assert chunk.paced and chunk.new_frames == 4 and chunk.index == 1
+
+
+def test_paced_chunks_stay_few_when_stage0_is_slower_than_the_audio():
+    """Stage 0 stepping every 100 ms (slower than a frame plays): the listener stalls either way, and paced chunks,
+    at least half their size each, stay within a few of the fixed schedule's count instead of one frame each."""
+    fixed, fixed_player = _paced_run(ChunkPolicy.from_extra(GPU_CHUNKS), step_s=0.1, delivery_s=0.05)
+    paced, player = _paced_run(ChunkPolicy.from_extra({**GPU_CHUNKS, LEAD_KEY: 100}), step_s=0.1, delivery_s=0.05)
+    assert fixed_player.stall_s > 0 and player.stall_s > 0
+    assert len(paced) <= len(fixed) + 5
+    assert all(c.new_frames * 2 >= GPU_CHUNKS["codec_chunk_frames"] for c in paced[1:-1])
 
 
 def test_frame_stream_pairs_live_tokens_with_step_codes():

@@ -9,9 +9,10 @@ field of left context, streamed audio equals a single decode of all frames. With
 codec (``codec_stateful_decode``) Stage 1 keeps each stream's causal state itself, so chunks
 carry no context: only their new frames and their sequence number.
 
-With ``codec_chunk_lead_ms`` set, a later chunk also goes out early, with whatever frames are pending, once a
-listener who started playing when the stream's first chunk left would run out of the audio sent so far within that
-lead: the fixed sizes assume Stage 0 steps faster than the audio plays by a margin, and under load it may not.
+With ``codec_chunk_lead_ms`` set, a later chunk also goes out early, with the frames pending (at least half its
+size), once a listener who started playing when the stream's first chunk left would run out of the audio sent so far
+within that lead: the fixed sizes assume Stage 0 steps faster than the audio plays by a margin, and under load it may
+not.
 """
 
 from __future__ import annotations
@@ -203,13 +204,16 @@ class FrameStream:
         The first chunk is small (``initial_chunk_frames``) for a fast first sound, later ones
         ``chunk_frames``, doubling up to ``max_chunk_frames`` when a ramp is set; when the request
         is finished every remaining frame goes out. ``now`` (seconds, any one clock per stream) paces later chunks
-        when ``policy.lead_s`` is set: every pending frame goes out once the stream is ``behind``.
+        when ``policy.lead_s`` is set: every pending frame goes out once the stream is ``behind`` and at least half
+        the chunk's size is pending.
         """
         pending = len(self.frames) - self.sent
         target = policy.chunk_size(self.chunks)
         if pending <= 0:
             return None
-        paced = not finished and pending < target and self.behind(policy, now)
+        # A paced chunk carries at least half its size: a stream Stage 0 makes slower than it plays would otherwise
+        # go out a frame a chunk, each a codec row, and the listener stalls either way.
+        paced = not finished and -(-target // 2) <= pending < target and self.behind(policy, now)
         if not finished and pending < target and not paced:
             return None
         end = len(self.frames) if finished or paced else self.sent + target * (pending // target)
