@@ -213,9 +213,11 @@ class FrameStream:
             return None
         # A paced chunk carries at least half its size: a stream Stage 0 makes slower than it plays would otherwise
         # go out a frame a chunk, each a codec row, and the listener stalls either way.
-        paced = not finished and -(-target // 2) <= pending < target and self.behind(policy, now)
-        if not finished and pending < target and not paced:
-            return None
+        paced = False
+        if not finished and pending < target:
+            paced = pending >= -(-target // 2) and self.behind(policy, now)
+            if not paced:
+                return None
         end = len(self.frames) if finished or paced else self.sent + target * (pending // target)
         left = min(policy.window_context_frames, self.sent)
         window = tl.unpack_frames(self.frames[self.sent - left : end])
