@@ -143,6 +143,9 @@ def test_seeded_sampling_streams_the_same_audio(server):
     assert_pcm_close(raw_pcm(server, **body), whole)
     again, _ = wav_samples(speech(server, **body))
     np.testing.assert_array_equal(again, whole)
+    # The seed reaches the engine request: another seed samples other codes.
+    other, _ = wav_samples(speech(server, **{**body, "seed": 43}))
+    assert other.shape != whole.shape or not np.array_equal(other, whole)
 
 
 def test_six_concurrent_requests_each_equal_their_solo_run(server):

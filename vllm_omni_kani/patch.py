@@ -189,7 +189,8 @@ def route_speech_to_kani_adapter() -> bool | None:
     moving that dispatch onto the adapters). This adds Kani's stage name, answers "kani_tts"
     for it, registers the adapter, lets the request model keep unknown fields (Kani validates
     them: ``temperature``, ``sample_rate``, ...) and routes Kani requests through
-    ``kani_speech.prepare_kani_speech`` (long input, output sample rate).
+    ``kani_speech.prepare_kani_speech`` (long input, output sample rate, one engine request a segment with its
+    sampling parameters copied once: ``kani_submit``).
 
     Only in the API server process (where vLLM-Omni's serving module is already imported when
     plugins load); engine and worker processes never import the serving stack for it.
@@ -222,7 +223,7 @@ def route_speech_to_kani_adapter() -> bool | None:
     ) -> Any:
         if self._tts_model_type != MODEL_TYPE:
             return await prepare(self, request, request_id, has_inline_ref_audio)
-        return await prepare_kani_speech(self, prepare, request, request_id, has_inline_ref_audio)
+        return await prepare_kani_speech(self, request, request_id, has_inline_ref_audio)
 
     server_cls._detect_tts_model_type = detect_tts_model_type
     server_cls._prepare_speech_generation = prepare_speech_generation

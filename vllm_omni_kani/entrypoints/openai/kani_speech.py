@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ import torch
 from vllm_omni_kani.entrypoints import output_handoff
 from vllm_omni_kani.entrypoints.openai import warmup
 from vllm_omni_kani.entrypoints.openai.early_start import EarlyStart
+from vllm_omni_kani.entrypoints.openai.kani_submit import submit_kani_speech
 from vllm_omni_kani.entrypoints.openai.metrics import SpeechTiming
 from vllm_omni_kani.entrypoints.openai.pcm16 import to_float
 from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
@@ -41,8 +42,6 @@ from vllm_omni_kani.entrypoints.openai.text_segments import split_text
 from vllm_omni_kani.envs import lazy_submit
 
 logger = logging.getLogger(__name__)
-
-Prepare = Callable[..., Awaitable[tuple[str, Any, dict[str, Any]]]]
 
 
 def _audio_of(server: Any, res: Any) -> tuple[Any, str | None]:
@@ -99,9 +98,10 @@ class _SegmentAudio:
 
 
 async def prepare_kani_speech(
-    server: Any, original: Prepare, request: Any, request_id: str | None, has_inline_ref_audio: bool | None
+    server: Any, request: Any, request_id: str | None, has_inline_ref_audio: bool | None
 ) -> tuple[str, AsyncIterator[Any], dict[str, Any]]:
-    """``_prepare_speech_generation`` for Kani: segments, resampling, one output stream."""
+    """``_prepare_speech_generation`` for Kani: segments, resampling, one output stream (each segment's engine
+    request from ``kani_submit``)."""
     adapter = server._get_tts_adapter()
     error = adapter.validate(request)
     if error:
@@ -118,7 +118,7 @@ async def prepare_kani_speech(
     timing = SpeechTiming(
         streaming, native, arrival=entry.admitted_at if entry else time.perf_counter(), recorded=warmup.recording()
     )
-    first_id, first_gen, tts_params = await original(
+    first_id, first_gen, tts_params = await submit_kani_speech(
         server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
     )
     if entry is not None:
@@ -139,7 +139,7 @@ async def prepare_kani_speech(
                 gen = first_gen
                 source = early.outputs() if early is not None else gen
             else:
-                _, gen, _ = await original(
+                _, gen, _ = await submit_kani_speech(
                     server, request.model_copy(update={"input": text}), f"{first_id}-{index}", has_inline_ref_audio
                 )
                 source = gen

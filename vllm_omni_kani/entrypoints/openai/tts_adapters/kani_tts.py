@@ -19,6 +19,7 @@ import torch
 from vllm.sampling_params import RequestOutputKind
 from vllm_omni.entrypoints.openai.tts_adapters.base import ARTTSAdapter, PreparedRequest, SpeechServingContext
 
+from vllm_omni_kani.entrypoints.openai.kani_submit import own_copy
 from vllm_omni_kani.entrypoints.openai.load_once import LoadOnce
 from vllm_omni_kani.entrypoints.openai.lora_voices import LORA_REQUEST_KEY, LoRAVoices
 from vllm_omni_kani.entrypoints.openai.speech_request import (
@@ -234,7 +235,7 @@ class KaniTTSAdapter(ARTTSAdapter):
                 f"max_model_len {self.max_model_len}; shorten the input or lower max_new_tokens"
             )
         # The list is what the server sends to the engine; element 0 may be the engine's shared default.
-        stage0 = sampling_params_list[0].clone()
+        stage0 = own_copy(sampling_params_list[0])
         stage0.temperature = options.temperature
         stage0.top_p = options.top_p
         stage0.top_k = options.top_k
