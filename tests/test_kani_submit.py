@@ -40,3 +40,18 @@ def test_a_request_setting_its_copy_leaves_the_default_unchanged():
     assert (default.seed, default.temperature, default.stop_token_ids) == (None, 0.6, [])
     # vLLM's clone of a request-owned copy (the orchestrator's) is shallow: no deep copy a request.
     assert mine.clone() is not mine and mine.clone().stop == default.stop
+
+
+def test_the_generic_submission_is_used_only_when_asked_for(monkeypatch):
+    from vllm_omni_kani.entrypoints.openai.kani_speech import choose_submit
+    from vllm_omni_kani.entrypoints.openai.kani_submit import submit_kani_speech
+    from vllm_omni_kani.envs import KANI_GENERIC_SUBMIT
+
+    async def generic(server, request, request_id, has_inline_ref_audio):
+        raise AssertionError("only selected here, never called")
+
+    monkeypatch.delenv(KANI_GENERIC_SUBMIT, raising=False)
+    assert choose_submit(generic) is submit_kani_speech
+    monkeypatch.setenv(KANI_GENERIC_SUBMIT, "1")
+    assert choose_submit(generic) is generic
+    assert choose_submit(None) is submit_kani_speech  # nothing generic to fall back on: Kani's own

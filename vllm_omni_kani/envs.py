@@ -65,6 +65,16 @@ def lazy_submit() -> bool:
     return _flag(KANI_LAZY_SUBMIT)
 
 
+KANI_GENERIC_SUBMIT = "KANI_GENERIC_SUBMIT"
+
+
+def generic_submit() -> bool:
+    """``KANI_GENERIC_SUBMIT``: a Kani segment's engine request is made by vLLM-Omni's generic
+    ``_prepare_speech_generation`` (its deep copies of the sampling parameters included) instead of ``kani_submit``;
+    for A/B runs."""
+    return _flag(KANI_GENERIC_SUBMIT)
+
+
 KANI_REQUEST_TABLES = "KANI_REQUEST_TABLES"
 
 

@@ -223,7 +223,7 @@ def route_speech_to_kani_adapter() -> bool | None:
     ) -> Any:
         if self._tts_model_type != MODEL_TYPE:
             return await prepare(self, request, request_id, has_inline_ref_audio)
-        return await prepare_kani_speech(self, request, request_id, has_inline_ref_audio)
+        return await prepare_kani_speech(self, request, request_id, has_inline_ref_audio, generic=prepare)
 
     server_cls._detect_tts_model_type = detect_tts_model_type
     server_cls._prepare_speech_generation = prepare_speech_generation

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import torch
@@ -39,9 +39,13 @@ from vllm_omni_kani.entrypoints.openai.resample import StreamingResampler
 from vllm_omni_kani.entrypoints.openai.speech_guard import current_speech
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
-from vllm_omni_kani.envs import lazy_submit
+from vllm_omni_kani.envs import generic_submit, lazy_submit
 
 logger = logging.getLogger(__name__)
+
+# How one segment's engine request is made: ``(server, request, request_id, has_inline_ref_audio)`` ->
+# ``(request_id, output generator, tts_params)``; ``kani_submit.submit_kani_speech`` or vLLM-Omni's generic one.
+Submit = Callable[..., Awaitable[tuple[str, AsyncIterator[Any], dict[str, Any]]]]
 
 
 def _audio_of(server: Any, res: Any) -> tuple[Any, str | None]:
@@ -97,11 +101,21 @@ class _SegmentAudio:
         return fresh
 
 
+def choose_submit(generic: Submit | None) -> Submit:
+    """``kani_submit``'s, unless ``KANI_GENERIC_SUBMIT`` asks for ``generic`` (vLLM-Omni's) for an A/B run."""
+    return generic if generic is not None and generic_submit() else submit_kani_speech
+
+
 async def prepare_kani_speech(
-    server: Any, request: Any, request_id: str | None, has_inline_ref_audio: bool | None
+    server: Any,
+    request: Any,
+    request_id: str | None,
+    has_inline_ref_audio: bool | None,
+    generic: Submit | None = None,
 ) -> tuple[str, AsyncIterator[Any], dict[str, Any]]:
     """``_prepare_speech_generation`` for Kani: segments, resampling, one output stream (each segment's engine
-    request from ``kani_submit``)."""
+    request from ``kani_submit``, or from ``generic`` under ``KANI_GENERIC_SUBMIT``)."""
+    submit = choose_submit(generic)
     adapter = server._get_tts_adapter()
     error = adapter.validate(request)
     if error:
@@ -118,7 +132,7 @@ async def prepare_kani_speech(
     timing = SpeechTiming(
         streaming, native, arrival=entry.admitted_at if entry else time.perf_counter(), recorded=warmup.recording()
     )
-    first_id, first_gen, tts_params = await submit_kani_speech(
+    first_id, first_gen, tts_params = await submit(
         server, request.model_copy(update={"input": segments[0]}), request_id, has_inline_ref_audio
     )
     if entry is not None:
@@ -139,7 +153,7 @@ async def prepare_kani_speech(
                 gen = first_gen
                 source = early.outputs() if early is not None else gen
             else:
-                _, gen, _ = await submit_kani_speech(
+                _, gen, _ = await submit(
                     server, request.model_copy(update={"input": text}), f"{first_id}-{index}", has_inline_ref_audio
                 )
                 source = gen
