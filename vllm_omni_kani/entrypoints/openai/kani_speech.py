@@ -146,6 +146,7 @@ async def prepare_kani_speech(
 
     async def outputs() -> AsyncIterator[Any]:
         resampler = StreamingResampler(native, out_rate)
+        sample_rate = torch.tensor(out_rate)  # one for all of this request's chunks (only ever read)
         whole: list[torch.Tensor] = []
         last = None
         for index, text in enumerate(segments):
@@ -183,7 +184,7 @@ async def prepare_kani_speech(
                             _set(payload, key, fresh.numpy())  # PCM already: no float round trip
                         else:
                             _set(payload, key, resampler.push(to_float(fresh)))
-                        _set(payload, "sr", torch.tensor(out_rate))
+                        _set(payload, "sr", sample_rate)
                         yield res
                     else:
                         whole.append(to_float(fresh))
@@ -212,7 +213,7 @@ async def prepare_kani_speech(
             return
         audio = torch.cat(whole) if whole else torch.zeros(0)
         _set(payload, key, torch.cat([resampler.push(audio), resampler.flush()]) if out_rate != native else audio)
-        _set(payload, "sr", torch.tensor(out_rate))
+        _set(payload, "sr", sample_rate)
         yield last
 
     stream = outputs()

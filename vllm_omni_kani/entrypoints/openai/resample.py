@@ -15,6 +15,9 @@ import math
 import torch
 import torchaudio.functional as AF
 
+# The empty result of a passthrough stream's flush, made once (its callers only read it).
+_EMPTY = torch.zeros(0)
+
 # torchaudio's defaults (lowpass_filter_width=6, rolloff=0.99), restated to size the context.
 _LOWPASS_WIDTH = 6
 _ROLLOFF = 0.99
@@ -37,7 +40,9 @@ class StreamingResampler:
         # Filter half-width in input samples, as torchaudio computes it.
         self._width = math.ceil(_LOWPASS_WIDTH * self._orig / (min(self._orig, self._new) * _ROLLOFF))
         self._context_blocks = math.ceil(self._width / self._orig)
-        self._buf = torch.zeros(0)
+        # A passthrough stream (the codec's own rate, the usual request) makes no tensor at all: this runs once per
+        # request on the API server's event loop.
+        self._buf = _EMPTY if self.passthrough else torch.zeros(0)
         self._buf_start = 0  # absolute input index of _buf[0], a multiple of _orig
         self._total_in = 0
         self._next_block = 0  # first output block not emitted yet
@@ -58,7 +63,7 @@ class StreamingResampler:
     def flush(self) -> torch.Tensor:
         """Emit the remaining output (the stream has ended)."""
         if self.passthrough:
-            return torch.zeros(0)
+            return _EMPTY
         total_out = math.ceil(self._new * self._total_in / self._orig)
         return self._emit(math.ceil(total_out / self._new), final=True)
 
