@@ -4,5 +4,5 @@
 here=$(dirname "$(readlink -f "$0")")
 for run in "generic-5 KANI_GENERIC_SUBMIT=1" "submit-6 KANI_GENERIC_SUBMIT=0"; do
   read -r label env <<< "$run"
-  WAVES=${WAVES:-8} bash "$here/run.sh" "$label" "$env"
+  WAVES=${WAVES:-8} bash "$here/../cpu-intake-profile/run.sh" "$label" "$env"
 done
