@@ -15,7 +15,8 @@ import math
 import torch
 import torchaudio.functional as AF
 
-# The empty result of a passthrough stream's flush, made once (its callers only read it).
+# An empty tensor made once: every stream's starting buffer (only ever replaced, never written) and a passthrough
+# stream's flush (its callers only read it), so a stream at the codec's own rate makes no tensor at all.
 _EMPTY = torch.zeros(0)
 
 # torchaudio's defaults (lowpass_filter_width=6, rolloff=0.99), restated to size the context.
@@ -40,9 +41,7 @@ class StreamingResampler:
         # Filter half-width in input samples, as torchaudio computes it.
         self._width = math.ceil(_LOWPASS_WIDTH * self._orig / (min(self._orig, self._new) * _ROLLOFF))
         self._context_blocks = math.ceil(self._width / self._orig)
-        # A passthrough stream (the codec's own rate, the usual request) makes no tensor at all: this runs once per
-        # request on the API server's event loop.
-        self._buf = _EMPTY if self.passthrough else torch.zeros(0)
+        self._buf = _EMPTY
         self._buf_start = 0  # absolute input index of _buf[0], a multiple of _orig
         self._total_in = 0
         self._next_block = 0  # first output block not emitted yet
