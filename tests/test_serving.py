@@ -221,12 +221,13 @@ def test_stage0_reports_at_its_finish_with_every_token_and_the_audio_is_exactly_
 
 def test_the_api_server_runs_its_event_loop_patches(server):
     """The served process applied the API-server patches that spare its GIL (``patch.encode_pcm_with_numpy``,
-    ``patch.log_request_summaries_off_the_event_loop``, ``patch.constant_time_output_stats``): the other tests here
-    then stream through them."""
+    ``patch.log_request_summaries_off_the_event_loop``, ``patch.constant_time_output_stats``,
+    ``patch.speech_route_first``): the other tests here then stream through them."""
     log = server.log_text()
     assert "PCM and WAV encoded with numpy" in log
     assert "output stats: constant time per output" in log
     assert "request summaries: one [KaniRequestStats] line per request, logged on a background thread" in log
+    assert "routes: /v1/audio/speech first (1 moved)" in log
     # On by default, in the API server's process alone (the engines have no orchestrator thread to hand it to).
     assert log.count("submit yield: 100 us after each engine request is queued") == 1, log[-3000:]
 

@@ -383,6 +383,38 @@ def install_speech_guard() -> bool | None:
 
 
 @_patch(_api_server_loaded)
+def speech_route_first() -> bool | None:
+    """vllm-omni 0.26.0: ``POST /v1/audio/speech`` first in the app's routes (``route_order.py``).
+
+    vLLM-Omni includes its router after building vLLM's app and before ``omni_init_app_state``, so the app that
+    ``build_openai_app`` returns is reordered when its state is initialised (before the server listens).
+    """
+    from vllm_omni.entrypoints.openai import api_server
+
+    from vllm_omni_kani.entrypoints.openai import route_order
+    from vllm_omni_kani.entrypoints.openai.speech_guard import SPEECH_PATH
+
+    build, init_state = api_server.build_openai_app, api_server.omni_init_app_state
+    built: list[Any] = []
+
+    @functools.wraps(build)
+    def build_openai_app(*args: Any, **kwargs: Any) -> Any:
+        app = build(*args, **kwargs)
+        built[:] = [app]
+        return app
+
+    @functools.wraps(init_state)
+    async def omni_init_app_state(*args: Any, **kwargs: Any) -> Any:
+        result = await init_state(*args, **kwargs)
+        if built:
+            route_order.speech_first(built.pop(), SPEECH_PATH)
+        return result
+
+    api_server.build_openai_app = build_openai_app
+    api_server.omni_init_app_state = omni_init_app_state
+
+
+@_patch(_api_server_loaded)
 def trace_output_handoff() -> bool | None:
     """vllm-omni 0.26.0: note when a traced request's outputs cross from the orchestrator thread to the API loop.
 
@@ -1090,6 +1122,7 @@ def apply_all() -> list[str]:
             route_speech_to_kani_adapter,
             warm_up_every_engine,
             install_speech_guard,
+            speech_route_first,
             trace_output_handoff,
             constant_time_output_stats,
             encode_pcm_with_numpy,
