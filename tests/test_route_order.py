@@ -56,6 +56,14 @@ async def _noop(request):  # pragma: no cover - never called
     raise AssertionError
 
 
+class _NoopApp:  # pragma: no cover - never called
+    async def __call__(self, scope, receive, send):
+        raise AssertionError
+
+
+_noop_app = _NoopApp()
+
+
 def test_nothing_moves_past_a_route_that_could_answer_the_path():
     mount = Mount("/v1", routes=[])
     literal = [Route("/health", _noop), Route(SPEECH_PATH, _noop, methods=["POST"])]
@@ -74,12 +82,15 @@ def test_nothing_moves_past_a_route_that_could_answer_the_path():
     assert routes == [literal[1], get_only, literal[0]]
 
 
-def test_a_path_parameter_route_or_a_missing_path_moves_nothing():
+def test_a_path_parameter_route_an_any_method_route_or_a_missing_path_moves_nothing():
     parametrised = "/v1/audio/speech/{request_id}"
     routes = [Route("/health", _noop), Route(parametrised, _noop, methods=["POST"])]
     assert reorder(routes, parametrised) == 0
     assert reorder(routes, SPEECH_PATH) == 0
     assert [r.path for r in routes] == ["/health", parametrised]
+    any_method = Route(SPEECH_PATH, _noop_app)  # an ASGI app endpoint: every method
+    assert any_method.methods is None
+    assert reorder(routes := [Route("/health", _noop), any_method], SPEECH_PATH) == 0
 
 
 def test_the_route_walk_benchmark_runs_both_sides(tmp_path):
