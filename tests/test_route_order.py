@@ -81,6 +81,12 @@ def test_nothing_moves_past_a_route_that_could_answer_the_path():
     assert reorder(routes := [get_only, *literal], SPEECH_PATH) == 1
     assert routes == [literal[1], get_only, literal[0]]
 
+    # A second registration equal to the moved route (same path, endpoint, methods) but behind a mount stays, in place.
+    again = Route(SPEECH_PATH, _noop, methods=["POST"])
+    assert again == literal[1] and again is not literal[1]
+    assert reorder(routes := [*literal, mount, again], SPEECH_PATH) == 1
+    assert [id(r) for r in routes] == [id(r) for r in (literal[1], literal[0], mount, again)]
+
 
 def test_a_path_parameter_route_an_any_method_route_or_a_missing_path_moves_nothing():
     parametrised = "/v1/audio/speech/{request_id}"

@@ -45,13 +45,14 @@ def reorder(routes: list[Any], path: str) -> int:
             continue
         if not isinstance(route, Route) or route.param_convertors or not route.methods:
             break  # only a literal path's route with its methods is moved: the requests it serves are known
-        if any(_could_serve(earlier, route) for earlier in routes[:index] if earlier not in moving):
+        moved = {id(r) for r in moving}  # by identity: Starlette's routes compare equal by path, endpoint and methods
+        if any(_could_serve(earlier, route) for earlier in routes[:index] if id(earlier) not in moved):
             break
         moving.append(route)
     if not moving:
         return 0
-    rest = [route for route in routes if route not in moving]
-    routes[:] = moving + rest
+    moved = {id(r) for r in moving}
+    routes[:] = moving + [route for route in routes if id(route) not in moved]
     return len(moving)
 
 
