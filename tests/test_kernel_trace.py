@@ -20,7 +20,13 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT, benchmark_script, run_benchmark_script
-from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S, KERNEL_TRACE_DEFAULT_S
+from vllm_omni_kani.envs import (
+    KANI_KERNEL_TRACE,
+    KANI_KERNEL_TRACE_HOST,
+    KANI_KERNEL_TRACE_S,
+    KERNEL_TRACE_DEFAULT_S,
+    kernel_trace_host,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import POLL_S, TRIGGER, KernelTrace
 
 kernel_share = benchmark_script("kernel_share")
@@ -169,3 +175,95 @@ def test_codec_table_reads_a_trace_cut_mid_archive(tmp_path):
     out = run_benchmark_script("codec_kernel_table", cut, "--json", tmp_path / "table.json")
     assert "the trace was cut" in out and "| cuDNN conversions (convertTensor, NCHW<->NHWC) |" in out
     assert json.loads((tmp_path / "table.json").read_text())["whole_trace"] is False
+
+
+def test_host_mode_is_read_per_engine_label(monkeypatch):
+    monkeypatch.delenv(KANI_KERNEL_TRACE_HOST, raising=False)
+    assert kernel_trace_host("stage0") == ""
+    monkeypatch.setenv(KANI_KERNEL_TRACE_HOST, "Python")
+    assert kernel_trace_host("stage0") == kernel_trace_host("stage1") == "python"
+    monkeypatch.setenv(KANI_KERNEL_TRACE_HOST, "ops:stage0, stage2")
+    assert [kernel_trace_host(label) for label in ("stage0", "stage1", "stage2")] == ["ops", "", "ops"]
+    monkeypatch.setenv(KANI_KERNEL_TRACE_HOST, "stacks")
+    with pytest.raises(ValueError, match="KANI_KERNEL_TRACE_HOST='stacks'"):
+        kernel_trace_host("stage0")
+    # The mode is read only where a window can open.
+    monkeypatch.delenv(KANI_KERNEL_TRACE, raising=False)
+    assert KernelTrace("stage0").host == ""
+
+
+def _python_named(path, needle: str) -> list:
+    events = json.loads(path.read_text())["traceEvents"]
+    return [e for e in events if e.get("cat") == "python_function" and e["name"].endswith(needle)]
+
+
+def _traced_helper(a):
+    return a @ a
+
+
+@pytest.mark.parametrize("host", ["", "python"])
+def test_the_python_host_mode_records_every_call(tmp_path, host):
+    (tmp_path / TRIGGER).touch()
+    trace = KernelTrace("stage0", folder=str(tmp_path), seconds=0.0, cuda=False, host=host)
+    trace.tick()
+    a = torch.randn(8, 8)
+    for _ in range(3):
+        _traced_helper(a)
+    trace.tick()
+    assert len(_python_named(trace.path, ": _traced_helper")) == (3 if host else 0)
+    assert len(mm_events(trace.path)) == 3
+
+
+step_anatomy = benchmark_script("step_anatomy")
+
+
+def _event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def anatomy_trace() -> dict:
+    """Six steps of 10 ms on thread 1: two admit a request (a 4-ms ``add_request`` and a 5-ms forward), the others
+    decode (a 3-ms forward); another thread's Python and a 2-ms kernel in each step."""
+    events = []
+    for i in range(7):
+        t0 = 1000.0 + 10_000.0 * i
+        events.append(_event("user_annotation", step_anatomy.STEP_RANGE, t0, 500.0))
+        if i == 6:
+            break  # the last range only closes the sixth step
+        prefill = i in (1, 4)
+        if prefill:
+            events.append(_event("python_function", "vllm/v1/worker/gpu_input_batch.py(300): add_request", t0, 4000.0))
+        forward = 5000.0 if prefill else 3000.0
+        events.append(_event("user_annotation", "gpu_model_runner: forward", t0 + 4500.0, forward))
+        events.append(_event("python_function", "m.py(1): forward", t0 + 4500.0, forward))
+        events.append(_event("python_function", "m.py(2): inner", t0 + 4600.0, 1000.0))
+        events.append(_event("python_function", "m.py(2): inner", t0 + 4700.0, 500.0))  # nested: counted once
+        events.append(_event("python_function", "out.py(9): loop", t0, 2000.0, tid=2))
+        events.append(_event("cuda_runtime", "cudaStreamSynchronize", t0 + 9000.0, 700.0))
+        events.append({**_event("kernel", "k", t0 + 5000.0, 2000.0), "pid": 0, "tid": 7})
+    return {"traceEvents": events}
+
+
+def test_step_anatomy_splits_steps_by_kind_and_charges_the_excess(tmp_path):
+    summary = step_anatomy.anatomy(anatomy_trace())
+    assert summary["steps"] == 6 and summary["python_calls"]
+    kinds = summary["kinds"]
+    assert (kinds["prefill"]["steps"], kinds["decode"]["steps"]) == (2, 4)
+    assert kinds["decode"]["wall_ms"] == kinds["prefill"]["wall_ms"] == 10.0
+    assert kinds["decode"]["gpu_busy_ms"] == 2.0 and kinds["decode"]["host_waits_ms"] == 0.7
+    assert kinds["decode"]["other_threads_python_ms"] == 2.0
+    assert kinds["decode"]["functions_ms"]["m.py: inner"] == 1.0
+    excess = kinds["prefill"]["excess_over_decode_ms"]
+    assert excess["vllm/v1/worker/gpu_input_batch.py: add_request"] == 4.0 and excess["m.py: forward"] == 2.0
+    assert "m.py: inner" not in excess  # the same in both kinds
+    assert kinds["prefill"]["ranges_excess_over_decode_ms"]["gpu_model_runner: forward"] == 2.0
+    trace = tmp_path / "stage0-7.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(anatomy_trace()).encode()))
+    out = run_benchmark_script(
+        "step_anatomy", trace, "--json", tmp_path / "a.json", "--slim", tmp_path / "slim.json.gz", "--keep", "1"
+    )
+    assert "| prefill | 2 | 10.00 / 10.00 |" in out and "add_request" in out
+    slim = json.loads(gzip.decompress((tmp_path / "slim.json.gz").read_bytes()))
+    starts = {e["ts"] for e in slim["traceEvents"] if e["name"] == step_anatomy.STEP_RANGE}
+    assert len(starts) == 2  # one step of each kind
+    assert json.loads((tmp_path / "a.json").read_text())["kinds"]["prefill"]["steps"] == 2

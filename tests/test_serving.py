@@ -28,7 +28,7 @@ from tests.conftest import REPO_ROOT, benchmark_script
 from tests.server_utils import wait_for
 from vllm_omni_kani.entrypoints.openai.speech_request import MAX_INPUT_CHARS, MAX_SEGMENT_CHARS
 from vllm_omni_kani.entrypoints.openai.text_segments import split_text
-from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S
+from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_HOST, KANI_KERNEL_TRACE_S
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.configuration import SAMPLE_RATE, SAMPLES_PER_FRAME, KaniTTSSettings
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import TRIGGER
@@ -386,7 +386,9 @@ def kernel_trace_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def flat_server(omni_server, tiny_flattened, kernel_trace_dir):
     # Every engine process of this server watches kernel_trace_dir for KANI_KERNEL_TRACE's trigger.
+    # Stage 0's window records its Python calls and vLLM's ranges as well (benchmarks/step_anatomy.py reads them).
     env = {**OPTIONS_ENV, KANI_KERNEL_TRACE: str(kernel_trace_dir), KANI_KERNEL_TRACE_S: "0.3"}
+    env |= {KANI_KERNEL_TRACE_HOST: "python:stage0", "VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}
     return omni_server(tiny_flattened, DEPLOY, env=env)
 
 
@@ -443,3 +445,12 @@ def test_a_kernel_trace_window_records_both_engines_of_a_server(flat_server, ker
     assert any("conv" in name for name in names["stage1"]), sorted(names["stage1"])
     log = flat_server.log_text()
     assert "Kani kernel trace: stage0" in log and "Kani kernel trace: stage1" in log, log[-3000:]
+    # KANI_KERNEL_TRACE_HOST=python:stage0: Stage 0's steps split by kind from its Python calls, the codec's untouched.
+    (stage0,) = kernel_trace_dir.glob("stage0-*.json")
+    (stage1,) = kernel_trace_dir.glob("stage1-*.json")
+    assert '"python_function"' not in stage1.read_text()
+    anatomy = benchmark_script("step_anatomy").anatomy(json.loads(stage0.read_text()))
+    assert anatomy["python_calls"] and anatomy["steps"] >= 1, anatomy["per_step"]
+    assert set(anatomy["kinds"]) <= {"prefill", "decode", "finished"}, anatomy["kinds"]
+    for row in anatomy["kinds"].values():
+        assert row["wall_ms"] > 0 and "gpu_model_runner: forward" in row["ranges_ms"], row

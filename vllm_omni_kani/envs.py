@@ -264,6 +264,22 @@ def kernel_trace_seconds() -> float:
     return _seconds(KANI_KERNEL_TRACE_S) or KERNEL_TRACE_DEFAULT_S
 
 
+KANI_KERNEL_TRACE_HOST = "KANI_KERNEL_TRACE_HOST"
+KERNEL_TRACE_HOST_MODES = ("", "ops", "python")
+
+
+def kernel_trace_host(label: str) -> str:
+    """``KANI_KERNEL_TRACE_HOST``: what of the host the window of a process labelled ``label`` records beside the
+    GPU's activity: nothing (unset), ``ops`` (torch's CPU ops and ``record_function`` ranges, vLLM's with
+    ``VLLM_CUSTOM_SCOPES_FOR_PROFILING=1``) or ``python`` (those and every Python call: where a step's host time goes,
+    at several times its cost). ``MODE:LABEL[,LABEL]`` limits it to those processes (``python:stage0``)."""
+    raw = os.environ.get(KANI_KERNEL_TRACE_HOST, "").strip().lower()
+    mode, _, labels = raw.partition(":")
+    if mode not in KERNEL_TRACE_HOST_MODES:
+        raise ValueError(f"{KANI_KERNEL_TRACE_HOST}={raw!r}: expected one of {', '.join(KERNEL_TRACE_HOST_MODES[1:])}")
+    return mode if not labels or label in {part.strip() for part in labels.split(",")} else ""
+
+
 KANI_STEP_CODE_ROWS = "KANI_STEP_CODE_ROWS"
 
 

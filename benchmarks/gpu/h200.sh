@@ -56,6 +56,9 @@
 #            step of stock vLLM LFM2 (the next call: one engine start each is ~90 s on this machine)
 #   served   the shipped YAML at 64 and 256 streams of 250 frames (the issue's target table), audio vs frames;
 #            servedoff: the same with the API server's patches off (KANI_DISABLE_PATCHES), to measure them
+#   stepanatomy  one second of each Stage-0 engine's host (torch ops, vLLM's ranges, every Python call) and GPU while
+#            64 streams of 64-frame requests are served, split by kind of step (benchmarks/step_anatomy.py): where a
+#            step that admits prompts spends its time over a decode step
 #   servedkernels  2 s (KERNEL_TRACE_S) of every engine process's GPU activity at once while 256 streams of 250 frames
 #            are served (KANI_KERNEL_TRACE, profile_served.py --kernel-trace-s), kani_tts.yaml then
 #            kani_tts_one_lm.yaml (KERNEL_YAMLS names others): GPU time per process, their union, the heaviest
@@ -586,6 +589,26 @@ for phase in "$@"; do
         gzip -f "$R/kernels/kernel-trace-$y"/*.json
       done
       pack servedkernels ;;
+    stepanatomy)
+      # One Stage-0 engine's steps by kind while 64 streams of 64-frame requests are served: ANATOMY_TRACE_S (default
+      # 1) of every Stage-0 engine's GPU, torch ops, vLLM's ranges and Python calls (profile_served.py
+      # --kernel-trace-host python:stage0), then benchmarks/step_anatomy.py on each: where a step that admits prompts
+      # spends its extra time. The raw traces are too large to come back; each engine's anatomy and a slim trace do.
+      checkpoints
+      device_info
+      step anatomy "${ANATOMY_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+        --deploy-config stage_configs/kani_tts.yaml --out "$R/anatomy" --label shipped --frames "${ANATOMY_FRAMES:-64}" \
+        --streams "${ANATOMY_STREAMS:-64}" --delay "${ANATOMY_DELAY_S:-12}" --seconds 6 \
+        --kernel-trace-s "${ANATOMY_TRACE_S:-1}" --kernel-trace-host python:stage0
+      cleanup
+      for t in "$R"/anatomy/kernel-trace-shipped/stage0-*.json; do
+        [ -f "$t" ] || continue
+        step "anatomy-$(basename "${t%.json}")" 240 python3 benchmarks/step_anatomy.py "$t" --json "${t%.json}-anatomy.json" \
+          --slim "${t%.json}-slim.json.gz" --keep 2
+        cp "$R/anatomy-$(basename "${t%.json}").log" "${t%.json}-anatomy.md"
+      done
+      rm -f "$R"/anatomy/kernel-trace-shipped/*.json
+      pack stepanatomy ;;
     servedgil)
       checkpoints
       export KANI_GIL_SWITCH_INTERVAL_MS=${GIL_MS:-0.5}

@@ -12,7 +12,8 @@ Writes ``R/profile-LABEL.json`` (CPU table, top stacks) and the raw py-spy files
 
 With ``--kernel-trace-s S`` it records the GPU instead of stacks: the server runs with ``KANI_KERNEL_TRACE``, and
 after DELAY every engine process (each Stage-0 replica, the codec) traces S seconds of its GPU activity at once
-(``kernel_trace.py``); ``benchmarks/kernel_share.py``'s summary of those traces (GPU time per process, the union over
+(``kernel_trace.py``; ``--kernel-trace-host`` adds the host's ops or Python calls, for ``benchmarks/step_anatomy.py``);
+``benchmarks/kernel_share.py``'s summary of those traces (GPU time per process, the union over
 all, the heaviest kernels) goes into the JSON as ``kernels``. py-spy is not attached then.
 """
 
@@ -35,7 +36,12 @@ import psutil
 
 from vllm_omni_kani.benchmarks import bench_tts
 from vllm_omni_kani.benchmarks.server import serving
-from vllm_omni_kani.envs import KANI_KERNEL_TRACE, KANI_KERNEL_TRACE_S
+from vllm_omni_kani.envs import (
+    KANI_KERNEL_TRACE,
+    KANI_KERNEL_TRACE_HOST,
+    KANI_KERNEL_TRACE_S,
+    KERNEL_TRACE_HOST_MODES,
+)
 from vllm_omni_kani.model_executor.models.kani_tts.kernel_trace import TRIGGER
 
 KERNEL_SHARE = Path(__file__).resolve().parents[1] / "kernel_share.py"
@@ -147,6 +153,12 @@ def main() -> None:
         "to load the server past the window",
     )
     parser.add_argument("--kernel-trace-s", type=float, default=0.0, help="trace the GPU this long instead of py-spy")
+    parser.add_argument(
+        "--kernel-trace-host",
+        default=None,
+        help="with --kernel-trace-s: the host's ops (with vLLM's own ranges) or every Python call beside the GPU "
+        f"({' or '.join(KERNEL_TRACE_HOST_MODES[1:])}, or MODE:LABEL for one kind of engine, e.g. python:stage0)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,6 +167,9 @@ def main() -> None:
     if args.kernel_trace_s > 0:
         traces.mkdir(exist_ok=True)
         env = {KANI_KERNEL_TRACE: str(traces), KANI_KERNEL_TRACE_S: str(args.kernel_trace_s)}
+        if args.kernel_trace_host:
+            # vLLM names its runner's and scheduler's parts (preprocess, forward, sample, ...) only when asked to.
+            env |= {KANI_KERNEL_TRACE_HOST: args.kernel_trace_host, "VLLM_CUSTOM_SCOPES_FOR_PROFILING": "1"}
     py_spy = shutil.which("py-spy") if not env else None
     with serving(args.ckpt, args.deploy_config, out / f"serve-profile-{args.label}.log", env=env) as server:
         argv = ["--url", server.url, "--model", args.ckpt, "--label", f"profile-load-{args.label}"]

@@ -6,7 +6,8 @@ thirteenth set): where the served GPU time goes can only be measured while servi
 
 With ``KANI_KERNEL_TRACE=DIR`` each Stage-0 and codec engine looks for ``DIR/start`` from its step (a ``stat`` at
 most every ``POLL_S``). The first step after it appears starts torch's profiler (the GPU's activity on a GPU, the
-CPU ops without one; no stacks or shapes: they distort host time); the first step ``KANI_KERNEL_TRACE_S`` seconds
+CPU ops without one; no stacks or shapes: they distort host time; ``KANI_KERNEL_TRACE_HOST`` adds the host's ops or
+its every Python call where a step's host time is the question); the first step ``KANI_KERNEL_TRACE_S`` seconds
 later stops it and writes a Chrome trace to ``DIR/LABEL-PID.json``. So two Stage-0 replicas and the codec record
 the same stretch of the same load, each in its own file. One window per process. ``benchmarks/kernel_share.py``
 reads the traces.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from vllm_omni_kani.envs import kernel_trace_dir, kernel_trace_seconds
+from vllm_omni_kani.envs import kernel_trace_dir, kernel_trace_host, kernel_trace_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +34,19 @@ class KernelTrace:
     """``tick()`` once per engine step; a no-op (one attribute test) unless ``KANI_KERNEL_TRACE`` names a folder."""
 
     def __init__(
-        self, label: str, folder: str | None = None, seconds: float | None = None, cuda: bool | None = None
+        self,
+        label: str,
+        folder: str | None = None,
+        seconds: float | None = None,
+        cuda: bool | None = None,
+        host: str | None = None,
     ) -> None:
-        """``cuda``: whether this process's work runs on a CUDA device (default: whether one is present)."""
+        """``cuda``: whether this process's work runs on a CUDA device (default: whether one is present); ``host``:
+        ``""``, ``"ops"`` or ``"python"`` (default ``KANI_KERNEL_TRACE_HOST``), what of the host a GPU window adds."""
         folder = kernel_trace_dir() if folder is None else folder
         self.folder = Path(folder) if folder else None
         self.seconds = kernel_trace_seconds() if seconds is None else seconds
+        self.host = (kernel_trace_host(label) if self.folder else "") if host is None else host
         self.label = label
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.path: Path | None = None
@@ -66,11 +74,14 @@ class KernelTrace:
             self._open(now)
 
     def _open(self, now: float) -> None:
-        # On a GPU only its activity (kernels, copies, the runtime calls): CPU ops would add thousands of events a
-        # step and slow the step they describe. Without a GPU, the CPU ops are what there is.
-        kind = "CUDA" if self.cuda else "CPU"
-        activities = [getattr(torch.profiler.ProfilerActivity, kind)]
-        self._profiler = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=False)
+        # On a GPU only its activity (kernels, copies, the runtime calls) unless the host is asked for: CPU ops add
+        # thousands of events a step and slow the step they describe. Without a GPU, the CPU ops are what there is.
+        kinds = ["CUDA", "CPU"] if self.cuda and self.host else ["CUDA" if self.cuda else "CPU"]
+        activities = [getattr(torch.profiler.ProfilerActivity, kind) for kind in kinds]
+        # with_stack turns on torch's Python tracer: every Python call becomes an event of the trace.
+        self._profiler = torch.profiler.profile(
+            activities=activities, record_shapes=False, with_stack=self.host == "python"
+        )
         self._profiler.start()
         self._until = now + self.seconds
         logger.info("Kani kernel trace: %s (pid %d) recording %.1f s", self.label, os.getpid(), self.seconds)
