@@ -134,6 +134,18 @@ def load_waves(args: argparse.Namespace) -> int:
     return math.ceil((args.delay + args.seconds) / seconds_per_request) + 1
 
 
+def wait_for_traces(log_path: Path, timeout_s: float = 240.0) -> int:
+    """How many engines wrote their window, waiting until every engine that started one has (or ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = log_path.read_text(errors="replace")
+        started = len(re.findall(r"Kani kernel trace: \S+ \(pid \d+\) recording", text))
+        written = len(re.findall(r"Kani kernel trace: \S+ wrote ", text))
+        if (started and written >= started) or time.monotonic() > deadline:
+            return written
+        time.sleep(1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt", required=True)
@@ -235,6 +247,11 @@ def main() -> None:
                 print(f"warning: {spy.args[-1]} did not finish; stopped", flush=True)
                 spy.kill()
         load.join()
+        if env:
+            # A window is written by its engine's step after it closes, a host trace in tens of seconds; the
+            # server must outlive the writing.
+            written = wait_for_traces(server.log_path)
+            print(f"kernel traces written: {written}", flush=True)
     rows = []
     for key, (comm, seconds) in after.items():
         if key in before:
