@@ -27,11 +27,12 @@ def register() -> None:
     if _registered:
         return
     _registered = True
-    from vllm_omni_kani import gc_threshold, gil_switch, inductor_patch, logger, lora_patch, patch
+    from vllm_omni_kani import gc_threshold, gil_switch, inductor_patch, jit_events, logger, lora_patch, patch
 
     logger.route_to_vllm()
     gil_switch.apply_switch_interval()
     gc_threshold.apply_gc_threshold()
+    jit_events.install()
 
     patch.apply_all()
     lora_patch.apply_all()

@@ -248,6 +248,14 @@ def sampler_ab_patches() -> frozenset[str]:
     return _patch_names(KANI_SAMPLER_AB_PATCHES, raw) if raw else frozenset(SAMPLER_PATCH_NAMES)
 
 
+KANI_JIT_EVENTS = "KANI_JIT_EVENTS"
+
+
+def jit_events() -> bool:
+    """``KANI_JIT_EVENTS=1``: log every Triton compile of the process with its start and duration (``jit_events``)."""
+    return _flag(KANI_JIT_EVENTS)
+
+
 KANI_KERNEL_TRACE = "KANI_KERNEL_TRACE"
 KANI_KERNEL_TRACE_S = "KANI_KERNEL_TRACE_S"
 KERNEL_TRACE_DEFAULT_S = 2.0
