@@ -594,10 +594,19 @@ for phase in "$@"; do
       # 1) of every Stage-0 engine's GPU, torch ops, vLLM's ranges and Python calls (profile_served.py
       # --kernel-trace-host python:stage0), then benchmarks/step_anatomy.py on each: where a step that admits prompts
       # spends its extra time. The raw traces are too large to come back; each engine's anatomy and a slim trace do.
+      # ANATOMY_CHANGES (dotted.key=value;...) serves a variant of the shipped file, ANATOMY_ENV ("KEY=VALUE ...") sets
+      # the server's environment (KANI_JIT_EVENTS=1: the Triton compiles met in the load's first wave).
       checkpoints
       device_info
-      step anatomy "${ANATOMY_LIMIT_S:-420}" python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
-        --deploy-config stage_configs/kani_tts.yaml --out "$R/anatomy" --label shipped --frames "${ANATOMY_FRAMES:-64}" \
+      yaml=stage_configs/kani_tts.yaml
+      if [ -n "${ANATOMY_CHANGES:-}" ]; then
+        IFS=';' read -ra changes <<< "$ANATOMY_CHANGES"
+        variant kani_tts_anatomy "${changes[@]}"
+        yaml=stage_configs/kani_tts_anatomy.yaml
+      fi
+      # shellcheck disable=SC2086
+      step anatomy "${ANATOMY_LIMIT_S:-420}" env ${ANATOMY_ENV:-} python3 benchmarks/gpu/profile_served.py --ckpt "$CK/par" \
+        --deploy-config "$yaml" --out "$R/anatomy" --label shipped --frames "${ANATOMY_FRAMES:-64}" \
         --streams "${ANATOMY_STREAMS:-64}" --delay "${ANATOMY_DELAY_S:-12}" --seconds 6 \
         --kernel-trace-s "${ANATOMY_TRACE_S:-1}" --kernel-trace-host python:stage0
       cleanup
