@@ -1,14 +1,14 @@
 """``KANI_JIT_EVENTS=1``: every Triton kernel compiled in a process, logged with when it started and how long it took.
 
 Served at 64 streams the first wave of requests met one Stage-0 engine that took no input for ~60 ms while the other
-stepped every 15-40 ms (docs/BENCHMARKS.md, fifty-ninth set). A Triton kernel met with a new specialisation (an integer
-argument that is now 1 or a multiple of 16, a pointer at another alignment) is compiled, or read back from Triton's
-disk cache, inside the step that launches it. vLLM's JIT monitor names such a kernel once (``--jit-monitor-verbose``:
-every time) but not when, on the clock the project's request points use. Each compile here logs
-``[KaniJit] kernel=NAME start=T ms=D warmup=W spec=SIGNATURE``: ``T`` in ``time.perf_counter()`` seconds
+stepped every 15-40 ms (docs/BENCHMARKS.md, fifty-ninth set). A Triton kernel met with a new specialisation (an
+integer argument that is now 1 or a multiple of 16, a pointer at another alignment) is compiled, or read back from
+Triton's disk cache, inside the step that launches it. vLLM's JIT monitor names such a kernel once (with
+``--jit-monitor-verbose`` every time), but not when on the clock the project's request points use. Each compile
+here logs ``[KaniJit] kernel=NAME start=T ms=D warmup=W spec=KEY``: ``T`` in ``time.perf_counter()`` seconds
 (CLOCK_MONOTONIC, one clock for every process of the host, as ``[KaniFirstOutput]``), ``D`` the compile's
-milliseconds (a read from the disk cache included). Both of Triton's hooks are chained: whatever was installed
-before (vLLM's monitor) still runs.
+milliseconds (a read from the disk cache included), ``KEY`` Triton's cache key (which specialisation was new).
+Both of Triton's hooks are chained: whatever was installed before (vLLM's monitor) still runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from vllm_omni_kani.envs import jit_events
 logger = logging.getLogger(__name__)
 
 _installed = False
-SPEC_CHARS = 400  # of Triton's description of the specialisation (launch options and argument types)
+SPEC_CHARS = 800  # of Triton's cache key: each argument's type and specialisation in order ('D': divisible by 16)
 
 
 def _name(kwargs: dict[str, Any]) -> str:
@@ -57,7 +57,7 @@ def install() -> bool:
             start,
             (end - start) * 1e3,
             bool(kwargs.get("is_manual_warmup")),
-            str(kwargs.get("repr", ""))[:SPEC_CHARS],
+            str(kwargs.get("key", ""))[:SPEC_CHARS],
         )
         return post_hook(**kwargs) if post_hook is not None else None
 
