@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -1083,6 +1084,42 @@ def trace_first_outputs_sent() -> bool | None:
     EngineCoreProc.process_output_sockets = process_output_sockets
 
 
+def _vllm_cuda_0_26() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda() and _vllm_version().startswith("0.26.")
+
+
+@_patch(_vllm_cuda_0_26)
+def warm_short_conv_triton_kernels() -> bool | None:
+    """vllm 0.26.0 on CUDA: after vLLM's own kernel warm-up, compile the short-conv model's Triton kernels in the
+    specialisations a burst of requests meets first (``model_executor/warmup/short_conv_triton_warmup.py``), as vLLM
+    does for Qwen3-Next / 3.5 only. ``Worker.compile_or_warm_up_model`` calls the ``kernel_warmup`` its module
+    imported, before CUDA-graph capture and vLLM's JIT monitor; the wrapper replaces that name. Applied by
+    ``register()`` in every process; it acts in the processes that run a worker.
+
+    Returns whether the patch is active.
+    """
+    from vllm.v1.worker import gpu_worker
+
+    from vllm_omni_kani.model_executor.warmup import short_conv_triton_warmup
+
+    original = gpu_worker.kernel_warmup
+
+    @functools.wraps(original)
+    def kernel_warmup(worker: Any) -> Any:
+        result = original(worker)
+        started = time.perf_counter()
+        warmed = short_conv_triton_warmup.warm_up(worker.model_runner)
+        if warmed:
+            logger.info(
+                "short-conv Triton kernels warmed (%s) in %.2f s", ", ".join(warmed), time.perf_counter() - started
+            )
+        return result
+
+    gpu_worker.kernel_warmup = kernel_warmup
+
+
 def sample_code_heads_in_one_kernel() -> bool:
     """Stage 0's codebooks 2-4 sampled and packed by one Triton kernel (``code_race``) instead of vLLM's top-k/top-p
     and torch ops, in steps of up to ``code_race.MAX_ROWS`` requests. Not a change to vLLM: the Kani model reads the
@@ -1137,6 +1174,7 @@ def apply_all() -> list[str]:
             pickle_runner_payload_tensors_as_numpy,
             vectorise_request_token_spans,
             trace_first_outputs_sent,
+            warm_short_conv_triton_kernels,
         )
         if fn()
     ]
