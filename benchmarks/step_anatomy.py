@@ -22,6 +22,7 @@ import collections
 import gzip
 import itertools
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,10 @@ REMOVE_MARK = "remove_request"  # InputBatch.remove_request: one left
 GRAPH_LAUNCH = "cudaGraphLaunch"
 # Host calls that block until the GPU has caught up.
 WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+# Python calls that read a tensor's values on the host: on a device tensor each waits for the GPU to reach it (on a
+# host tensor it costs nothing; the caller says which).
+HOST_READ = re.compile(r"<built-in (method (item|tolist|cpu|nonzero) of Tensor object|function _cuda_synchronize)")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -88,11 +93,50 @@ def short_name(name: str) -> str:
     return f"{where}: {func}"
 
 
+def callers(events: list[dict[str, Any]], thread: tuple[Any, Any], targets: list[dict[str, Any]]) -> dict[int, str]:
+    """``id(event)`` -> ``"caller > call"`` for each target event on ``thread``: the two innermost Python calls that
+    enclose it (a host read's own call is the innermost; a CUDA wait's is the call that waited)."""
+    frames = sorted(
+        (e for e in events if e.get("cat") == "python_function" and (e.get("pid"), e.get("tid")) == thread),
+        key=lambda e: (float(e["ts"]), -float(e.get("dur", 0.0))),
+    )
+    out: dict[int, str] = {}
+    stack: list[dict[str, Any]] = []
+    index = 0
+
+    def end(e: dict[str, Any]) -> float:
+        return float(e["ts"]) + float(e.get("dur", 0.0))
+
+    for target in sorted(targets, key=lambda e: float(e["ts"])):
+        ts = float(target["ts"])
+        while index < len(frames) and float(frames[index]["ts"]) <= ts:
+            frame = frames[index]
+            index += 1
+            while stack and end(stack[-1]) <= float(frame["ts"]):
+                stack.pop()
+            stack.append(frame)
+        while stack and end(stack[-1]) <= ts:
+            stack.pop()
+        names = [_ADDRESS.sub("", short_name(f["name"])) for f in stack if f is not target][-2:]
+        if target.get("cat") == "python_function":
+            names = [*names[-1:], _ADDRESS.sub("", short_name(target["name"]))]
+        out[id(target)] = " > ".join(names) if names else "?"
+    return out
+
+
 def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
     events = complete_events(trace)
     thread = main_thread(events)
     if thread is None:
         raise SystemExit(f"no '{STEP_RANGE}' ranges: record with VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 and a host mode")
+    on_thread = [e for e in events if (e.get("pid"), e.get("tid")) == thread]
+    reads = [
+        e
+        for e in on_thread
+        if (e.get("cat") == "python_function" and HOST_READ.search(e.get("name", "")))
+        or (e.get("cat") == "cuda_runtime" and e.get("name", "").startswith(WAITS))
+    ]
+    read_callers = callers(events, thread, reads)
     bounds = step_bounds(events, thread)
     if not bounds:
         raise SystemExit("fewer than two steps in the window")
@@ -117,6 +161,7 @@ def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
             "functions": collections.defaultdict(list),
             "threads": collections.defaultdict(list),
             "waits": [],
+            "reads": collections.defaultdict(list),
             "gpu": [],
             "graph_launches": 0,
             "added": 0,
@@ -135,6 +180,9 @@ def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
             step["gpu"].append((ts, end))
             continue
         on_main = (e.get("pid"), e.get("tid")) == thread
+        if id(e) in read_callers:
+            kind = "wait" if cat == "cuda_runtime" else "read"
+            step["reads"][f"{kind}: {read_callers[id(e)]}"].append(end - ts)
         if cat == "user_annotation" and on_main:
             step["ranges"][name].append((ts, end))
         elif cat == "python_function":
@@ -184,6 +232,14 @@ def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
             "functions_ms": {
                 n: mean_ms(indices, lambda s, n=n: union_us(s["functions"].get(n, []))) for n in sorted(functions)
             },
+            # Host reads and CUDA waits by caller: calls a step, ms a step.
+            "host_reads": {
+                n: {
+                    "calls": round(sum(len(per_step[i]["reads"].get(n, [])) for i in indices) / len(indices), 2),
+                    "ms": mean_ms(indices, lambda s, n=n: sum(s["reads"].get(n, []))),
+                }
+                for n in sorted({n for i in indices for n in per_step[i]["reads"]})
+            },
         }
     base = summary["kinds"].get("decode") or summary["kinds"].get("full graph")
     if base:
@@ -224,7 +280,7 @@ def slim(trace: dict[str, Any], summary: dict[str, Any], keep: int) -> dict[str,
     return {**{k: v for k, v in trace.items() if k != "traceEvents"}, "traceEvents": kept}
 
 
-def render(summary: dict[str, Any], label: str) -> str:
+def render(summary: dict[str, Any], label: str, top: int = 30) -> str:
     lines = [f"{label}: {summary['steps']} steps (Python calls traced: {summary['python_calls']})", ""]
     lines.append(
         "| kind | steps | wall ms (mean / p50) | GPU busy ms | host waits on the GPU ms | main thread's Python ms |"
@@ -238,6 +294,10 @@ def render(summary: dict[str, Any], label: str) -> str:
     for kind, row in summary["kinds"].items():
         lines += ["", f"{kind}: vLLM's ranges (mean ms a step)"]
         lines += [f"  {ms:9.3f}  {name}" for name, ms in sorted(row["ranges_ms"].items(), key=lambda kv: -kv[1])]
+        if row["host_reads"]:
+            lines += ["", f"{kind}: host reads and CUDA waits by caller (calls / ms a step)"]
+            reads = sorted(row["host_reads"].items(), key=lambda kv: (-kv[1]["ms"], -kv[1]["calls"]))
+            lines += [f"  {r['calls']:7.2f} {r['ms']:9.3f}  {name}" for name, r in reads[:top]]
         if "excess_over_decode_ms" in row:
             lines += ["", f"{kind}: the functions' mean over the decode step's (ms a step, inclusive)"]
             lines += [f"  {ms:9.3f}  {name}" for name, ms in row["excess_over_decode_ms"].items()]
@@ -254,7 +314,7 @@ def main() -> None:
     args = parser.parse_args()
     trace = load(args.trace)
     summary = anatomy(trace, args.top)
-    print(render(summary, args.trace.name), end="")
+    print(render(summary, args.trace.name, args.top), end="")
     if args.slim:
         args.slim.write_bytes(gzip.compress(json.dumps(slim(trace, summary, args.keep)).encode()))
         print(f"wrote {args.slim}")

@@ -222,8 +222,9 @@ def _event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
 
 
 def anatomy_trace() -> dict:
-    """Six steps of 10 ms on thread 1: two admit a request (a 4-ms ``add_request`` and a 5-ms forward), the others
-    decode (a 3-ms forward); another thread's Python and a 2-ms kernel in each step."""
+    """Six steps of 10 ms on thread 1: two admit a request (a 4-ms ``add_request``, a 5-ms forward and a tensor's
+    ``item``), the others decode (a 3-ms forward); another thread's Python, a 2-ms kernel and a 0.7-ms stream
+    synchronisation (inside the forward of a step that admits, after it otherwise) in each step."""
     events = []
     for i in range(7):
         t0 = 1000.0 + 10_000.0 * i
@@ -238,6 +239,9 @@ def anatomy_trace() -> dict:
         events.append(_event("python_function", "m.py(1): forward", t0 + 4500.0, forward))
         events.append(_event("python_function", "m.py(2): inner", t0 + 4600.0, 1000.0))
         events.append(_event("python_function", "m.py(2): inner", t0 + 4700.0, 500.0))  # nested: counted once
+        if prefill:  # a host read inside the outer inner call
+            item = "<built-in method item of Tensor object at 0x7f01>"
+            events.append(_event("python_function", item, t0 + 4650.0, 100.0))
         events.append(_event("python_function", "out.py(9): loop", t0, 2000.0, tid=2))
         events.append(_event("cuda_runtime", "cudaStreamSynchronize", t0 + 9000.0, 700.0))
         events.append({**_event("kernel", "k", t0 + 5000.0, 2000.0), "pid": 0, "tid": 7})
@@ -257,12 +261,19 @@ def test_step_anatomy_splits_steps_by_kind_and_charges_the_excess(tmp_path):
     assert excess["vllm/v1/worker/gpu_input_batch.py: add_request"] == 4.0 and excess["m.py: forward"] == 2.0
     assert "m.py: inner" not in excess  # the same in both kinds
     assert kinds["prefill"]["ranges_excess_over_decode_ms"]["gpu_model_runner: forward"] == 2.0
+    # Host reads and CUDA waits, each charged to the Python calls around it.
+    assert kinds["prefill"]["host_reads"] == {
+        "read: m.py: inner > <built-in method item of Tensor object>": {"calls": 1.0, "ms": 0.1},
+        "wait: m.py: forward": {"calls": 1.0, "ms": 0.7},
+    }
+    assert kinds["decode"]["host_reads"] == {"wait: ?": {"calls": 1.0, "ms": 0.7}}
     trace = tmp_path / "stage0-7.json.gz"
     trace.write_bytes(gzip.compress(json.dumps(anatomy_trace()).encode()))
     out = run_benchmark_script(
         "step_anatomy", trace, "--json", tmp_path / "a.json", "--slim", tmp_path / "slim.json.gz", "--keep", "1"
     )
     assert "| prefill | 2 | 10.00 / 10.00 |" in out and "add_request" in out
+    assert "1.00     0.700  wait: m.py: forward" in out
     slim = json.loads(gzip.decompress((tmp_path / "slim.json.gz").read_bytes()))
     starts = {e["ts"] for e in slim["traceEvents"] if e["name"] == step_anatomy.STEP_RANGE}
     assert len(starts) == 2  # one step of each kind
