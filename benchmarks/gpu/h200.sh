@@ -31,6 +31,8 @@
 #            kani_async_omni_output experiment switch): served at 64 and 250 frames, and audio == Stage-0 frames
 #   asyncsched  the shipped YAML with Stage 0's async scheduling on (as shipped since the twenty-seventh set; deferred
 #            output building stays off): served at 64 and 250 frames, and audio == Stage-0 frames
+#   convwarmuptests  the short-conv Triton warm-up's CUDA tests (what a stock LFM2 engine's first mixed steps compile,
+#            warmed and not)
 #   samplertests  Stage 0's CUDA-only tests (open columns with their warm-up, code heads, seeded codebook-1 noise, the
 #            step's codes copied to the host in stream order, the one-kernel sampler); .whl carried for pytest
 #   asyncserved  `served` with vLLM-Omni's deferred output building on as well (output), with Stage 0's async
@@ -710,6 +712,10 @@ for phase in "$@"; do
       frames_check lazy-submit
       step_rates
       pack lazy ;;
+    convwarmuptests)
+      # The short-conv Triton warm-up's CUDA tests: a stock LFM2 engine's first mixed steps compile none of the warmed
+      # kernels, and without the warm-up some do (tests/test_short_conv_warmup.py; the kernels compiled per side).
+      step convwarmup-tests 300 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_short_conv_warmup.py ;;
     earlytests)
       step early-tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_early_start.py ;;
     servedoff)
