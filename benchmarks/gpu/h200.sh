@@ -715,7 +715,7 @@ for phase in "$@"; do
     convwarmuptests)
       # The short-conv Triton warm-up's CUDA tests: a stock LFM2 engine's first mixed steps compile none of the warmed
       # kernels, and without the warm-up some do (tests/test_short_conv_warmup.py; the kernels compiled per side).
-      step convwarmup-tests 300 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_short_conv_warmup.py ;;
+      step convwarmup-tests 480 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_short_conv_warmup.py ;;
     earlytests)
       step early-tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_early_start.py ;;
     servedoff)
