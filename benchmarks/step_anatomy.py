@@ -11,8 +11,10 @@ runner's input batch added a request in it, ``finished`` when it removed one, el
 the trace: by its CUDA-graph launches, one for a full graph, several for a piecewise one). Per kind: how many, the
 mean wall time, the mean time in each of vLLM's ranges and in each Python function (inclusive, the union of its
 calls so recursion counts once), the host's waits on the GPU and the GPU's busy time; then the functions whose mean
-exceeds the decode step's the most: where a prefill step's extra time goes. ``--slim`` keeps the events of a few
-steps of each kind (those nearest their kind's median), small enough to open in Perfetto.
+exceeds the decode step's the most: where a prefill step's extra time goes; and each host read of a tensor
+(``item``, ``tolist``, ``cpu``, ``nonzero``, ``torch.cuda.synchronize``) and CUDA wait with the Python calls around
+it, calls and ms a step: a step that waits for the GPU loses async scheduling's overlap. ``--slim`` keeps the
+events of a few steps of each kind (those nearest their kind's median), small enough to open in Perfetto.
 """
 
 from __future__ import annotations
