@@ -63,9 +63,9 @@ def test_state_index_rows_are_laid_out_as_vllms_metadata_builder_lays_them_out()
 WARMED_KERNELS = ("_causal_conv1d_fwd_kernel", "_causal_conv1d_update_kernel", "_zero_kv_blocks_kernel")
 BURST = textwrap.dedent(
     """
-    import sys, time
+    import time
     from vllm import LLM, SamplingParams
-    llm = LLM(model=sys.argv[1], max_model_len=256, max_num_seqs=16, max_num_batched_tokens=32, enforce_eager=True,
+    llm = LLM(model=CKPT, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=32, enforce_eager=True,
               gpu_memory_utilization=0.2, enable_prefix_caching=False)
     # Prompts longer than a step's token budget: each step decodes the admitted ones beside the next prompt's chunk.
     prompts = [{"prompt_token_ids": [1, *range(300, 300 + n)]} for n in (9, 21, 30, 14, 27, 5, 18, 25, 11, 3)]
@@ -79,7 +79,7 @@ _JIT = re.compile(r"\[KaniJit\] kernel=(\S+) start=([\d.]+)")
 def _burst_compiles(ckpt, tmp_path, env: dict[str, str]) -> tuple[list[str], list[str], str]:
     """The kernels Triton compiled before the burst and inside it, and the run's output."""
     env = {"KANI_JIT_EVENTS": "1", "TRITON_CACHE_DIR": str(tmp_path / "triton"), **env}
-    out = run_python(BURST.replace("sys.argv[1]", repr(str(ckpt))), env=env)
+    out = run_python(f"CKPT = {str(ckpt)!r}\n{BURST}", env=env)
     text = out.stdout + out.stderr
     start = float(re.search(r"KANI_BURST_START ([\d.]+)", text)[1])
     events = [(m[1], float(m[2])) for m in _JIT.finditer(text)]
