@@ -617,8 +617,8 @@ for phase in "$@"; do
         step "anatomy-$(basename "${t%.json}")" 240 python3 benchmarks/step_anatomy.py "$t" --json "${t%.json}-anatomy.json" \
           --slim "${t%.json}-slim.json.gz" --keep 2
         cp "$R/anatomy-$(basename "${t%.json}").log" "${t%.json}-anatomy.md"
+        rm -f "$t"  # the raw trace only: too large to come back (the anatomy's JSON beside it does)
       done
-      rm -f "$R"/anatomy/kernel-trace-shipped/*.json
       pack stepanatomy ;;
     servedgil)
       checkpoints

@@ -77,7 +77,7 @@ cleanup() { pkill -9 -f "vllm serve" 2>/dev/null; pkill -9 -f "vllm_omni" 2>/dev
 pack() {
   python3 -m vllm_omni_kani.cli bench --report-only --out "$R" > /dev/null 2>&1 || true
   tar -C /tmp -czf "$OUT/.results-$1.tgz.part" kani-results && mv -f "$OUT/.results-$1.tgz.part" "$OUT/results-$1.tgz"
-  local caches
+  local caches=""
   # PACK_JIT_CACHE=0: a call that will not carry the caches back skips their tarball (tens of seconds a pack).
   [ "${PACK_JIT_CACHE:-1}" = 1 ] && caches=$(cd /tmp && ls -d jit-triton vc[0-9]* 2> /dev/null)
   if [ -n "$caches" ]; then
