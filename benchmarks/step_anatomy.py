@@ -35,8 +35,10 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 ADD_MARK = "add_request"  # InputBatch.add_request: a request joined the batch in this step
 REMOVE_MARK = "remove_request"  # InputBatch.remove_request: one left
 GRAPH_LAUNCH = "cudaGraphLaunch"
-# Host calls that block until the GPU has caught up.
-WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
+# Host calls that block until the GPU has caught up, by exact name: ``cudaMemcpyAsync`` (every ``copy_`` and
+# ``to``, most of them device to device or from pinned memory) returns at once, and a blocking copy's wait is its
+# ``cudaStreamSynchronize``; a prefix match counted the async copies as waits (sixtieth set).
+WAITS = frozenset({"cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy"})
 # Python calls that read a tensor's values on the host: on a device tensor each waits for the GPU to reach it (on a
 # host tensor it costs nothing; the caller says which).
 HOST_READ = re.compile(r"<built-in (method (item|tolist|cpu|nonzero) of Tensor object|function _cuda_synchronize)")
@@ -136,7 +138,7 @@ def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
         e
         for e in on_thread
         if (e.get("cat") == "python_function" and HOST_READ.search(e.get("name", "")))
-        or (e.get("cat") == "cuda_runtime" and e.get("name", "").startswith(WAITS))
+        or (e.get("cat") == "cuda_runtime" and e.get("name", "") in WAITS)
     ]
     read_callers = callers(events, thread, reads)
     bounds = step_bounds(events, thread)
@@ -198,7 +200,7 @@ def anatomy(trace: dict[str, Any], top: int = 30) -> dict[str, Any]:
         elif cat == "cuda_runtime" and on_main:
             if name == GRAPH_LAUNCH:
                 step["graph_launches"] += 1
-            if name.startswith(WAITS):
+            if name in WAITS:
                 step["waits"].append((ts, end))
 
     kinds: dict[str, list[int]] = collections.defaultdict(list)

@@ -223,8 +223,8 @@ def _event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
 
 def anatomy_trace() -> dict:
     """Six steps of 10 ms on thread 1: two admit a request (a 4-ms ``add_request``, a 5-ms forward and a tensor's
-    ``item``), the others decode (a 3-ms forward); another thread's Python, a 2-ms kernel and a 0.7-ms stream
-    synchronisation (inside the forward of a step that admits, after it otherwise) in each step."""
+    ``item``), the others decode (a 3-ms forward); another thread's Python, a 2-ms kernel, a 0.7-ms stream
+    synchronisation (inside the forward of a step that admits, after it otherwise) and an async copy in each step."""
     events = []
     for i in range(7):
         t0 = 1000.0 + 10_000.0 * i
@@ -244,6 +244,7 @@ def anatomy_trace() -> dict:
             events.append(_event("python_function", item, t0 + 4650.0, 100.0))
         events.append(_event("python_function", "out.py(9): loop", t0, 2000.0, tid=2))
         events.append(_event("cuda_runtime", "cudaStreamSynchronize", t0 + 9000.0, 700.0))
+        events.append(_event("cuda_runtime", "cudaMemcpyAsync", t0 + 4800.0, 50.0))  # returns at once: no wait
         events.append({**_event("kernel", "k", t0 + 5000.0, 2000.0), "pid": 0, "tid": 7})
     return {"traceEvents": events}
 
