@@ -124,7 +124,10 @@
 #            flattened baseline", measured in alternation on one instance, e.g. AB_ORDER="shipped flat shipped");
 #            SERVED_CHANGES ("dotted.key=value;..." as variant takes them) serves the shipped file with those changes
 #            on the env side; AB_FRESH=1 gives every side an empty compile cache of its own (a first start's compile
-#            and Inductor's timing of its kernels), e.g. for a fresh server's engines against each other (e2e)
+#            and Inductor's timing of its kernels), e.g. for a fresh server's engines against each other (e2e);
+#            AB_TRITON_WITHOUT="KERNEL ..." serves each env side in a copy of the Triton cache less those kernels'
+#            entries, so they compile when first met as on a fresh machine while the rest is read back (the sixtieth
+#            set's A/B of the short-conv warm-up)
 #   threads  the shipped YAML with every server process's torch intra-op pool at THREADS threads (OMP_NUM_THREADS,
 #            default 1) instead of one per core; send beside `served`
 #   stagger  the shipped YAML, then the same with codec_first_chunks_alone ALONE (default false), with requests
@@ -803,6 +806,9 @@ for phase in "$@"; do
         fi
         # AB_FRESH=1: each side compiles afresh in a compile cache of its own, as on a machine's first start.
         [ "${AB_FRESH:-0}" = 1 ] && export SERVE_CACHE_ROOT="/tmp/vc-fresh-$i"
+        if [ "$side" = env ] && [ -n "${AB_TRITON_WITHOUT:-}" ]; then
+          vars="$vars TRITON_CACHE_DIR=$(triton_cache_without "/tmp/triton-without-$i" $AB_TRITON_WITHOUT)"
+        fi
         # shellcheck disable=SC2086
         serve_env "$label" "$vars" "$yaml" "${SERVED_ENV_LIMIT_S:-330}" ${AB_WAVES:+--waves $AB_WAVES}
         unset SERVE_CACHE_ROOT SERVE_FLAT

@@ -89,6 +89,21 @@ pack() {
   rm -f "$OUT"/.*.part
 }
 
+# triton_cache_without DIR KERNEL...: DIR as a copy of Triton's cache ($TRITON_CACHE_DIR) less every entry that holds
+# one of the kernels, so a server given it compiles those on first use and reads the rest back. Prints DIR.
+triton_cache_without() {
+  local dir=$1 entry kernel; shift
+  rm -rf "$dir"; mkdir -p "$dir"
+  [ -d "$TRITON_CACHE_DIR" ] && cp -r "$TRITON_CACHE_DIR"/. "$dir"/
+  for entry in "$dir"/*/; do
+    [ -d "$entry" ] || continue
+    for kernel in "$@"; do
+      if compgen -G "$entry$kernel.*" > /dev/null; then rm -rf "$entry"; break; fi
+    done
+  done
+  echo "$dir"
+}
+
 device_info() {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader | tee "$R/device.txt"
   python3 -c "import torch, vllm, vllm_omni, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, \
