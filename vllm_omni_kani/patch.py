@@ -1120,6 +1120,26 @@ def warm_short_conv_triton_kernels() -> bool | None:
     gpu_worker.kernel_warmup = kernel_warmup
 
 
+@_patch(_vllm_0_26)
+def split_graphs_at_the_lean_short_conv() -> bool | None:
+    """vllm 0.26.0: piecewise compilation splits at ``vllm::kani_short_conv_mix`` as at vLLM's own ``short_conv``.
+
+    A stage with ``additional_config: {kani_lean_short_conv: true}`` runs LFM2's short convolutions as
+    ``LeanShortConv`` (``model_executor/layers/mamba/lean_short_conv.py``), whose only eager part is that op; the
+    engine's ``splitting_ops`` (built from ``CompilationConfig._attention_ops`` when the config is made, in the
+    process that makes it) must name it. A name no graph holds splits nothing, so the list carries it everywhere.
+
+    Returns whether the patch is active.
+    """
+    from vllm.config.compilation import CompilationConfig
+
+    from vllm_omni_kani.model_executor.layers.mamba.lean_short_conv import SPLITTING_OP
+
+    if SPLITTING_OP in CompilationConfig._attention_ops:
+        return False
+    CompilationConfig._attention_ops.append(SPLITTING_OP)
+
+
 def sample_code_heads_in_one_kernel() -> bool:
     """Stage 0's codebooks 2-4 sampled and packed by one Triton kernel (``code_race``) instead of vLLM's top-k/top-p
     and torch ops, in steps of up to ``code_race.MAX_ROWS`` requests. Not a change to vLLM: the Kani model reads the
@@ -1175,6 +1195,7 @@ def apply_all() -> list[str]:
             vectorise_request_token_spans,
             trace_first_outputs_sent,
             warm_short_conv_triton_kernels,
+            split_graphs_at_the_lean_short_conv,
         )
         if fn()
     ]

@@ -37,6 +37,7 @@ from vllm.model_executor.models.utils import maybe_prefix
 from vllm_omni.model_executor.models.output_templates import OmniOutput
 
 from vllm_omni_kani import patch
+from vllm_omni_kani.model_executor.layers.mamba import lean_short_conv
 from vllm_omni_kani.model_executor.models.kani_tts import codebook1_noise, open_columns, warm_ups
 from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 from vllm_omni_kani.model_executor.models.kani_tts.code_sampler import sample_packed_codes, warm_up_kernels
@@ -65,6 +66,9 @@ class _KaniLfm2Base(Lfm2ForCausalLM):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
+        if lean_short_conv.enabled(additional_config(vllm_config)):
+            layers = lean_short_conv.make_lean(self.model)
+            logger.info("%s: %d short-conv layers keep only the convolution eager", lean_short_conv.CONFIG_KEY, layers)
         # vLLM's sampler, in this process only (KANI_STAGE0_SAMPLER_PATCHES, on by default): the penalties'
         # output-token counts kept on the device, seeded codebook-1 noise hashed for the whole batch, top-k/top-p
         # over the columns the speech mask can leave open.
