@@ -33,6 +33,8 @@
 #            output building stays off): served at 64 and 250 frames, and audio == Stage-0 frames
 #   convwarmuptests  the short-conv Triton warm-up's CUDA tests (what a stock LFM2 engine's first mixed steps compile,
 #            warmed and not)
+#   leantests  LeanShortConv's engine test on CUDA (tests/test_lean_short_conv.py, in piecewise graphs split at the
+#            lean op)
 #   samplertests  Stage 0's CUDA-only tests (open columns with their warm-up, code heads, seeded codebook-1 noise, the
 #            step's codes copied to the host in stream order, the one-kernel sampler); .whl carried for pytest
 #   asyncserved  `served` with vLLM-Omni's deferred output building on as well (output), with Stage 0's async
@@ -719,6 +721,10 @@ for phase in "$@"; do
       # The short-conv Triton warm-up's CUDA tests: a stock LFM2 engine's first mixed steps compile none of the warmed
       # kernels, and without the warm-up some do (tests/test_short_conv_warmup.py; the kernels compiled per side).
       step convwarmup-tests 480 python3 -m pytest -q -s -p no:cacheprovider -rs tests/test_short_conv_warmup.py ;;
+    leantests)
+      # LeanShortConv on CUDA: an engine in piecewise graphs split at the lean op gives the reference model's greedy
+      # codes across steps that mix prefill chunks and decodes (tests/test_lean_short_conv.py).
+      step lean-tests 420 python3 -m pytest -q -p no:cacheprovider -rs tests/test_lean_short_conv.py ;;
     earlytests)
       step early-tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_early_start.py ;;
     servedoff)
