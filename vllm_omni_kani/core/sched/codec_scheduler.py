@@ -59,7 +59,11 @@ from vllm.v1.request import Request
 from vllm_omni.core.sched.omni_generation_scheduler import OmniGenerationScheduler
 
 from vllm_omni_kani.core.sched.first_outputs import FirstOutputTracing
-from vllm_omni_kani.model_executor.models.kani_tts.configuration import additional_config, additional_config_int
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import (
+    additional_config,
+    additional_config_int,
+    boolean_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -281,11 +285,3 @@ def first_chunks_alone(config: Any) -> bool:
 def urgent_chunks(vllm_config: Any) -> int:
     """``codec_urgent_chunks`` of Stage 1's ``additional_config``: an integer >= 1 (default 1: first chunks only)."""
     return additional_config_int(vllm_config, URGENT_CHUNKS_KEY, DEFAULT_URGENT_CHUNKS, least=1)
-
-
-def boolean_key(config: Any, key: str) -> bool:
-    """A Stage-1 ``additional_config`` switch (default off); a YAML boolean only, so a quoted "false" is refused."""
-    raw = config.get(key, False)
-    if not isinstance(raw, bool):
-        raise ValueError(f"{key} must be true or false, got {raw!r}")
-    return raw

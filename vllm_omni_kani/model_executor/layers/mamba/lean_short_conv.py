@@ -19,9 +19,13 @@ from typing import Any
 import torch
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_torch, causal_conv1d_update_torch
 from vllm.model_executor.layers.mamba.short_conv import ShortConv
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
+
+from vllm_omni_kani.model_executor.models.kani_tts.configuration import boolean_key
 
 # The splitting op's qualified name: ``patch.split_graphs_at_the_lean_short_conv`` adds it to vLLM's list of ops that
 # piecewise compilation splits at.
@@ -31,12 +35,8 @@ CONFIG_KEY = "kani_lean_short_conv"
 
 
 def enabled(additional_config: Mapping[str, Any]) -> bool:
-    """Whether a stage's ``additional_config`` turns the lean layers on; ValueError unless a boolean, so a typo in a
-    deploy file stops the engine instead of being read as on or off."""
-    value = additional_config.get(CONFIG_KEY, False)
-    if not isinstance(value, bool):
-        raise ValueError(f"additional_config.{CONFIG_KEY}={value!r}: expected true or false")
-    return value
+    """Whether a stage's ``additional_config`` turns the lean layers on (ValueError unless a YAML boolean)."""
+    return boolean_key(additional_config, CONFIG_KEY)
 
 
 class LeanShortConv(ShortConv):
@@ -68,8 +68,6 @@ class LeanShortConv(ShortConv):
         if current_platform.is_cpu():
             _mix_reference(m, gated, mixed, conv_state, weights, self.conv.bias, decodes, tokens)
             return
-        from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
-
         if m.num_prefills > 0:
             # (dim, tokens) with the channels last in memory, as the prefill kernel requires.
             prompt = gated[decodes:tokens].transpose(0, 1)
@@ -105,11 +103,6 @@ def _mix_reference(
     tokens: int,
 ) -> None:
     """The CPU build's convolution: vLLM's reference torch kernels, as ``ShortConv.forward_native`` calls them."""
-    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
-        causal_conv1d_torch,
-        causal_conv1d_update_torch,
-    )
-
     if m.num_prefills > 0:
         out = causal_conv1d_torch(
             gated[decodes:tokens].transpose(0, 1),

@@ -51,6 +51,15 @@ def additional_config_int(vllm_config: Any, key: str, default: int, least: int) 
     return raw
 
 
+def boolean_key(config: Mapping[str, Any], key: str) -> bool:
+    """A switch of a stage's ``additional_config`` block (default off); a YAML boolean only, so a quoted "false" is
+    refused instead of read as on."""
+    raw = config.get(key, False)
+    if not isinstance(raw, bool):
+        raise ValueError(f"{key} must be true or false, got {raw!r}")
+    return raw
+
+
 class KaniConfigError(ValueError):
     """A checkpoint whose config cannot be served as Kani TTS."""
 
