@@ -1,4 +1,5 @@
-"""``LeanShortConv``: LFM2's short convolutions with only the convolution eager give the reference model's codes."""
+"""``LeanShortConv``: LFM2's short convolutions with only the convolution eager follow the reference model's greedy
+picks."""
 
 import pytest
 import torch
@@ -7,18 +8,23 @@ from vllm_omni_kani.model_executor.models.kani_tts import token_layout as tl
 
 
 @pytest.mark.engine
-def test_lean_short_conv_engine_equals_reference_across_mixed_steps(tiny_parallel, capfd):
+@pytest.mark.parametrize(
+    ("lean", "eager"), [(True, False), (True, True), (False, False)], ids=["lean", "lean-eager", "vllm-short-conv"]
+)
+def test_lean_short_conv_engine_follows_the_reference_across_mixed_steps(tiny_parallel, capfd, lean, eager):
     """A 16-token step budget splits the longer prompt over steps beside the shorter one's decoding: prefills without
-    and with a cached state, decodes, and steps that mix them, all through the lean layers; codebook 1 must be the
-    reference model's greedy stream."""
+    and with a cached state, decodes, and steps that mix them, all through the lean layers (and, as the control,
+    through vLLM's). Every codebook-1 token must be the reference model's greedy pick given the same prefix, up to
+    float32 rounding (``greedy_gaps``): the streams themselves may part where two logits are nearly tied."""
+    if eager and not torch.cuda.is_available():
+        pytest.skip("the CPU build runs every engine eagerly: the first case is this one")
     from vllm import LLM, SamplingParams
 
     from vllm_omni_kani.model_executor.layers.mamba.lean_short_conv import CONFIG_KEY
-    from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, generate_frames
+    from vllm_omni_kani.model_executor.models.kani_tts.modeling_hf import ParallelHeadLfm2ForCausalLM, greedy_gaps
 
     prompts = [tl.build_prompt([tl.START_OF_TEXT, *range(300, 300 + n)]) for n in (4, 31)]
     ref_model = ParallelHeadLfm2ForCausalLM.from_pretrained(tiny_parallel, dtype=torch.float32).eval()
-    reference = [generate_frames(ref_model, p, 24)[:, 0].tolist() for p in prompts]
     conv_layers = sum(kind == "conv" for kind in ref_model.config.layer_types)
     llm = LLM(
         model=str(tiny_parallel),
@@ -26,18 +32,27 @@ def test_lean_short_conv_engine_equals_reference_across_mixed_steps(tiny_paralle
         max_model_len=256,
         max_num_seqs=2,
         max_num_batched_tokens=16,
-        # On CUDA the piecewise graphs run around the lean op (what it is for); on the CPU build, eagerly.
-        enforce_eager=not torch.cuda.is_available(),
+        # On CUDA the piecewise graphs run around the lean op (what it is for) unless the case asks for eager layers
+        # (the lean op's kernels alone); the CPU build runs eagerly.
+        enforce_eager=eager or not torch.cuda.is_available(),
         kv_cache_memory_bytes=64 << 20,
-        additional_config={CONFIG_KEY: True},
+        additional_config={CONFIG_KEY: lean},
     )
     params = SamplingParams(max_tokens=24, temperature=0.0, detokenize=False, stop_token_ids=[tl.END_OF_SPEECH])
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    assert f"{CONFIG_KEY}: {conv_layers} short-conv layers keep only the convolution eager" in "".join(
-        capfd.readouterr()
-    )
-    for ref, out in zip(reference, outputs, strict=True):
-        assert [t - tl.AUDIO_TOKEN_OFFSET for t in out.outputs[0].token_ids] == ref
+    announced = f"{CONFIG_KEY}: {conv_layers} short-conv layers keep only the convolution eager"
+    assert (announced in "".join(capfd.readouterr())) is lean
+    # Rounding of logits of this size. On CUDA vLLM's float32 attention runs Triton kernels whose matmuls round to
+    # TF32 (10-bit mantissa, tl.dot's default): an H100 gave all three cases the same 1.0e-3 gap at one tied step.
+    # A wrong step is off by O(1): a lean layer that drops the decode rows' state gives gaps of 0.5-3.7.
+    eps = 2.0**-10 if torch.cuda.is_available() else torch.finfo(torch.float32).eps
+    scale = ref_model.lm_head.weight.abs().max().item() * ref_model.config.hidden_size**0.5
+    tolerance = 16 * eps * scale
+    for prompt, out in zip(prompts, outputs, strict=True):
+        tokens = list(out.outputs[0].token_ids)
+        assert tokens
+        gaps = greedy_gaps(ref_model, prompt, tokens)
+        assert max(gaps) <= tolerance, f"steps whose token is not the reference's pick: {gaps} (tolerance {tolerance})"
 
 
 def test_the_lean_op_is_a_splitting_op():

@@ -123,3 +123,24 @@ def generate_frames(
         ids.append(token)
         hidden, cache = model(torch.tensor([[token]], device=device), past_key_values=cache)
     return torch.tensor(frames, dtype=torch.long).reshape(-1, tl.NUM_CODEBOOKS)
+
+
+@torch.no_grad()
+def greedy_gaps(model: ParallelHeadLfm2ForCausalLM, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> list[float]:
+    """Per generated codebook-1 token, how far its masked logit lies below the best one when the reference is fed
+    the same prefix (prompt and the tokens before it): 0 where greedy decoding agrees.
+
+    An engine's greedy stream can leave the reference's where two logits are nearly tied (a different kernel's
+    rounding picks the other); once it has, comparing streams says nothing more. Feeding the reference the engine's
+    own tokens checks every step: a gap of the rounding's size is a tie, a larger one is a wrong step.
+    """
+    device = next(model.parameters()).device
+    ids = [*prompt_ids, *token_ids]
+    hidden, _ = model(torch.tensor([ids], device=device), past_key_values=DynamicCache(config=model.config))
+    first = len(prompt_ids) - 1  # the position whose hidden state picks the first generated token
+    steps = len(token_ids)
+    logits = model.lm_head(hidden[0, first : first + steps]).float().cpu()
+    mask = SpeechMask(model.config.vocab_size, "parallel")
+    logits = mask.apply(logits, mask.phases(torch.tensor(ids[first : first + steps])))
+    chosen = logits.gather(1, torch.tensor(token_ids, dtype=torch.long)[:, None])[:, 0]
+    return (logits.max(dim=-1).values - chosen).tolist()
