@@ -82,6 +82,23 @@ def test_a_step_after_an_emptied_scheduler_starts_at_its_schedule():
     assert abs(meter.tallies["decode"].seconds - (0.010 + 0.010)) < 1e-9  # chained again after the prefill
 
 
+def test_a_burst_that_empties_the_scheduler_closes_its_window():
+    """A level shorter than the interval, then an idle engine: its line comes when the scheduler empties (a burst of
+    at least IDLE_S), not never; a shorter lull between waves keeps the window open."""
+    meter = StepKindMeter(interval_s=5.0)
+    t = 1.0
+    meter.scheduled(_output({"a": 1}), called=t)
+    assert meter.updated(now=t + 0.01, emptied=True) is None  # 10 ms of steps: the window stays open
+    lines = []
+    for step in range(60):
+        tokens = {"a": 30} if step == 0 else {"a": 1}
+        meter.scheduled(_output(tokens, new=int(step == 0)), called=t + 0.02 + 0.02 * step)
+        lines.append(meter.updated(now=t + 0.04 + 0.02 * step, emptied=step == 59))
+    assert lines[:-1] == [None] * 59
+    assert lines[-1] is not None and "prefill 1 x 20.00 ms" in lines[-1] and "decode 60 x" in lines[-1], lines[-1]
+    assert all(tally.steps == 0 for tally in meter.tallies.values())  # the next burst opens a new window
+
+
 def test_async_scheduling_overlaps_two_open_steps():
     meter = StepKindMeter(interval_s=10.0)
     meter.scheduled(_output({"a": 1}), called=1.0)

@@ -10,7 +10,8 @@ arrives per step. This meter splits every window's steps into
 - ``finished``: the same, but requests left the batch (the runner's input batch condenses);
 - ``prefill``: a new or resumed request is scheduled, or some request has more than one token (a prompt),
 
-and logs, per kind, its steps, ms per step, mean rows, and for ``prefill`` the new requests and tokens per step:
+and logs, per kind, its steps, ms per step, mean rows, and for ``prefill`` the new requests and tokens per step (also
+when a burst of at least ``IDLE_S`` empties the scheduler, so a short benchmark level gets its line):
 
     kani stage0 step kinds: decode 412 x 9.10 ms (rows 48.2); finished 30 x 11.02 ms (rows 47.9); prefill 58 x
     22.81 ms (rows 49.0, new 1.1, tokens 90.2) over 5.0 s
@@ -103,7 +104,10 @@ class StepKindMeter:
         tally.rows += rows
         tally.new += new
         tally.tokens += tokens
-        return self._log(now) if now - self._window_start >= self.interval_s else None
+        # A burst that empties the scheduler closes its window too (when it is at least IDLE_S long): a benchmark level
+        # shorter than the interval, followed by an idle engine, would otherwise never be logged.
+        age = now - self._window_start
+        return self._log(now) if age >= self.interval_s or (emptied and age >= IDLE_S) else None
 
     def _reset(self, now: float) -> None:
         self.tallies = {kind: _Tally() for kind in KINDS}
