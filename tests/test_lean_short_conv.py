@@ -15,7 +15,8 @@ def test_lean_short_conv_engine_follows_the_reference_across_mixed_steps(tiny_pa
     """A 16-token step budget splits the longer prompt over steps beside the shorter one's decoding: prefills without
     and with a cached state, decodes, and steps that mix them, all through the lean layers (and, as the control,
     through vLLM's). Every codebook-1 token must be the reference model's greedy pick given the same prefix, up to
-    float32 rounding (``greedy_gaps``): the streams themselves may part where two logits are nearly tied."""
+    the rounding of the platform's float32 path (``greedy_gaps``): the streams themselves may part where two logits
+    are nearly tied."""
     if eager and not torch.cuda.is_available():
         pytest.skip("the CPU build runs every engine eagerly: the first case is this one")
     from vllm import LLM, SamplingParams
