@@ -62,9 +62,9 @@ def test_percentile_interpolates():
 def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_path):
     server = omni_server(tiny_parallel, DEPLOY)
     argv = ["bench", "--url", server.base_url, "--model", server.model, "--label", "cpu", "--concurrency", "2"]
-    # One wave: one request per stream.
+    # One wave: one request per stream, each opening its connection inside the level's clock (as before preconnect).
     argv += ["--waves", "1", "--max-new-frames", str(FRAMES), "--warmup", "0", "--out", str(tmp_path)]
-    assert main(argv) == 0
+    assert main([*argv, "--no-preconnect"]) == 0
 
     result = json.loads((tmp_path / "cpu.json").read_text())
     assert result["kind"] == "serve" and result["config"]["tokens_per_frame"] == 1
@@ -72,6 +72,7 @@ def test_one_tiny_level_against_the_cpu_server(omni_server, tiny_parallel, tmp_p
     (level,) = result["levels"]
     assert set(level) >= LEVEL_KEYS
     assert (level["concurrency"], level["requests"], level["ok"], level["errors"]) == (2, 2, 2, 0)
+    assert result["config"]["preconnect"] is False and (level["preconnected"], level["connections"]) == (0, 2)
     # Random weights may end speech early, never late: at most FRAMES frames of PCM per request.
     assert 0 < level["audio_s_total"] <= 2 * FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
     assert 0 < level["ttfa_ms_p50"] <= level["ttfa_ms_p90"] <= level["ttfa_ms_p95"]
@@ -105,8 +106,9 @@ def test_traced_requests_split_their_ttfa_into_segments_that_add_up(omni_server,
     for t in level["trace"]:
         assert t["stall_s"] >= 0 and (t["first_stall_at_s"] is None) == (t["stalls"] == 0)
         assert t["first_stall_at_s"] is None or 0 < t["first_stall_at_s"] < FRAMES * SAMPLES_PER_FRAME / SAMPLE_RATE
-    # Each stream keeps one connection alive: the third request went over the one its stream had opened.
-    assert level["connections"] == 2
+    # Each stream opened its one connection before the level's clock (bench_tts.open_connection) and kept it alive:
+    # no request opened another.
+    assert level["preconnected"] == 2 and level["connections"] == 2
 
     monkeypatch.syspath_prepend(str(REPO_ROOT / "benchmarks"))
     import ttfa_breakdown

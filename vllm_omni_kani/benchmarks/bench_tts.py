@@ -114,6 +114,9 @@ class ClientConfig:
     # Sent as request fields on top of the checkpoint's sampling defaults (e.g. {"temperature": 0.0}).
     extra: dict[str, Any] = field(default_factory=dict)
     trace: bool = False  # name each request and ask the server to log its TTFA points
+    # Open every stream's connection before the level's clock starts, as a kept-alive client has after its first
+    # request: otherwise the first wave's TTFA carries the client opening all its connections at once.
+    preconnect: bool = True
 
 
 async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str, seed: int) -> RequestResult:
@@ -177,6 +180,16 @@ async def speech_request(client: httpx.AsyncClient, cfg: ClientConfig, text: str
     return result(True, first, received / PCM_BYTES_PER_SAMPLE / SAMPLE_RATE)
 
 
+async def open_connection(client: httpx.AsyncClient, cfg: ClientConfig) -> int:
+    """Open ``client``'s connection with a ``GET /health`` (any answer keeps an HTTP/1.1 connection open); 1 if it
+    did. A server without the route still opens it; one that fails here leaves the first request to connect."""
+    try:
+        await client.get(f"{cfg.base_url}/health")
+    except httpx.HTTPError:
+        return 0
+    return 1
+
+
 async def sleep_until(deadline: float) -> None:
     """Sleep until ``time.perf_counter()`` reaches ``deadline``: the event loop may wake a timer early by its clock's
     resolution, and a stream's stagger is a lower bound on when it sends."""
@@ -198,7 +211,9 @@ async def run_level(
     stream costs the client CPU quadratic in its size whenever many requests end and start at once (httpcore
     scans the pool's connections for every queued request): at 256 streams it held back the sending of a wave by
     ~6 s (docs/BENCHMARKS.md, sixteenth set). ``shared_pool`` keeps that one pool, for
-    ``benchmarks/client_pool.py``'s comparison. ``stagger_s``: stream ``k`` starts ``k * stagger_s / streams`` in."""
+    ``benchmarks/client_pool.py``'s comparison. ``stagger_s``: stream ``k`` starts ``k * stagger_s / streams`` in.
+    With ``cfg.preconnect`` the connections are open before the clock starts (``preconnected``: how many; the
+    row's ``connections`` counts them with those the requests opened)."""
     streams = min(concurrency, requests)
     timeout = httpx.Timeout(cfg.timeout_s, connect=30.0)
     ssl_context = httpx.create_ssl_context()  # one for every client: each would load the CA bundle again
@@ -231,6 +246,10 @@ async def run_level(
     async with contextlib.AsyncExitStack() as stack:
         for client in clients:
             await stack.enter_async_context(client)
+        preconnected = 0
+        if cfg.preconnect:
+            opened = await asyncio.gather(*(open_connection(clients[k % len(clients)], cfg) for k in range(streams)))
+            preconnected = sum(opened)
         # The client's own full collections would stop every stream at once, and they fell into the first wave's
         # sending (docs/BENCHMARKS.md, forty-third set): the heap so far is frozen, and the level's pauses kept.
         freeze_heap()
@@ -243,6 +262,7 @@ async def run_level(
             pauses.uninstall()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     row = summarize(results, concurrency, wall, client_cpu_s=cpu, client_gc=as_row(pauses.take()))
+    row |= {"preconnected": preconnected, "connections": row["connections"] + preconnected}
     if stagger_s > 0:
         later = [r.ttfa_s * 1000.0 for r in results if r.ok and r.ttfa_s is not None and not r.first_of_stream]
         row |= {"stagger_s": stagger_s, "ttfa_ms_p50_later": percentile(later, 50)}
@@ -389,6 +409,7 @@ def run_serve_bench(args: argparse.Namespace, url: str, model: str, label: str, 
         timeout_s=args.timeout,
         extra=json.loads(args.request_extra) if args.request_extra else {},
         trace=getattr(args, "trace", False),
+        preconnect=not getattr(args, "no_preconnect", False),
     )
     result = {
         "kind": "serve",
@@ -456,6 +477,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-batches", type=parse_int_list, default=[1, 8, 32, 64, 128, 256])
     parser.add_argument("--e2e", action="store_true", help="first check one request: streamed PCM == WAV")
     parser.add_argument("--trace", action="store_true", help="keep per-request times; the server logs [KaniTTFA]")
+    parser.add_argument(
+        "--no-preconnect",
+        action="store_true",
+        help="let each stream's first request open its connection inside the level's clock (as before the 62nd set)",
+    )
     parser.add_argument("--report-only", action="store_true", help="only re-render report.md/png from <out>/*.json")
 
 
