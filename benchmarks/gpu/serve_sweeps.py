@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--warmup", type=int, default=64)
     parser.add_argument("--waves", type=int, default=0, help="requests per stream at each level (bench --waves)")
+    parser.add_argument("--no-preconnect", action="store_true", help="bench --no-preconnect (as before the 62nd set)")
     parser.add_argument("runs", nargs="+", help="FRAMES:CONCURRENCY,...[:STAGGER_S] per sweep")
     args = parser.parse_args()
     # `timeout` ends a step with SIGTERM: leave through the context manager so the server stops too.
@@ -47,7 +48,7 @@ def main() -> None:
             argv = ["--url", server.url, "--model", args.ckpt, "--label", label]
             argv += [f"--stagger-s={s}" for s in stagger]
             argv += ["--max-new-frames", frames, "--concurrency", levels, "--warmup", str(args.warmup)]
-            argv += ["--waves", str(args.waves)]
+            argv += ["--waves", str(args.waves)] + (["--no-preconnect"] if args.no_preconnect else [])
             argv += ["--out", str(out), "--deploy-config-note", args.deploy_config, "--trace"]
             if i == 0:
                 argv.append("--e2e")
