@@ -185,7 +185,7 @@ async def open_connection(client: httpx.AsyncClient, cfg: ClientConfig) -> int:
     did. A server without the route still opens it; one that fails here leaves the first request to connect."""
     try:
         await client.get(f"{cfg.base_url}/health")
-    except httpx.HTTPError:
+    except (httpx.HTTPError, OSError):  # as speech_request: the level then records the requests' own errors
         return 0
     return 1
 
