@@ -69,8 +69,17 @@ step() {
   [ "$rc" = 0 ] || { echo "[$name] last lines:"; tail -n 12 "$R/$name.log" | cut -c1-300; }
 }
 
-# cleanup: nothing of a phase may hold GPU memory into the next one.
-cleanup() { pkill -9 -f "vllm serve" 2>/dev/null; pkill -9 -f "vllm_omni" 2>/dev/null; sleep 2; }
+# cleanup: nothing of a phase may hold GPU memory into the next one. Servers are found by command line, sparing this
+# shell and its ancestors: a device call's own command that names them (`pkill -f "bin/vllm serve"; ... h200.sh`)
+# was killed with them, which ended the call after its first side.
+cleanup() {
+  local keep=" " pid=$$ p
+  while [ "${pid:-1}" -gt 1 ]; do keep+="$pid "; pid=$(ps -o ppid= -p "$pid" 2> /dev/null | tr -d ' '); done
+  for p in $(pgrep -f "vllm serve|vllm_omni"); do
+    case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2> /dev/null ;; esac
+  done
+  sleep 2
+}
 
 # pack TAG: everything gathered so far, as one file back. Each archive is written beside its name and renamed into
 # place, so a call cut by its time limit mid-pack keeps the previous whole archive instead of a truncated one.
