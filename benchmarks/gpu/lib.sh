@@ -71,11 +71,11 @@ step() {
 
 # cleanup: nothing of a phase may hold GPU memory into the next one. Servers are found by command line, sparing this
 # shell and its ancestors: a device call's own command that names them (`pkill -f "bin/vllm serve"; ... h200.sh`)
-# was killed with them, which ended the call after its first side.
+# was killed with them, which ended the call after its first side. CLEANUP_PATTERN (pgrep's) is for the test.
 cleanup() {
   local keep=" " pid=$$ p
   while [ "${pid:-1}" -gt 1 ]; do keep+="$pid "; pid=$(ps -o ppid= -p "$pid" 2> /dev/null | tr -d ' '); done
-  for p in $(pgrep -f "vllm serve|vllm_omni"); do
+  for p in $(pgrep -f "${CLEANUP_PATTERN:-vllm serve|vllm_omni}"); do
     case "$keep" in *" $p "*) ;; *) kill -9 "$p" 2> /dev/null ;; esac
   done
   sleep 2
